@@ -1,0 +1,108 @@
+"""run(): the one loop trains, measures exactly where it can, and fails cleanly."""
+
+import pytest
+import torch
+
+from workbench import RunConfig, run
+from workbench.models import parameter_count
+from workbench.sinks import RecordingSink
+
+TINY = dict(model="mlp", data="digits", batch_size=32, steps=12, log_every=4, dims={"hidden": (32,)}, eval_samples=100)
+
+
+class _RaiseAtStep:
+    """A sink that raises `error` when step `at` is logged: a failure mid-run."""
+
+    def __init__(self, error: BaseException, at: int) -> None:
+        self.error, self.at = error, at
+
+    def start(self, record): ...
+
+    def log(self, record):
+        if record.step >= self.at:
+            raise self.error
+
+    def end(self, record): ...
+
+
+def test_run_trains_and_reports_every_log_step():
+    sink = RecordingSink()
+    result = run(RunConfig(**TINY), sinks=[sink], name="tiny")
+    assert result.status == "ok" and result.steps_done == 12
+    assert [r.step for r in sink.steps] == [4, 8, 12] == result.loss_steps
+    assert result.losses[-1] < result.losses[0]
+    assert len(sink.starts) == 1 and sink.ends[0].status == "ok"
+    assert result.samples_per_sec > 0 and result.step_time_s > 0
+    assert 0.0 <= result.accuracy <= 1.0
+
+
+def test_memory_breakdown_is_exact_for_adamw():
+    result = run(RunConfig(**TINY), sinks=[], name="tiny")
+    n = 64 * 32 + 32 + 32 * 10 + 10  # Linear(64, 32) and Linear(32, 10)
+    m = result.memory
+    assert m.parameter_bytes == m.gradient_bytes == 4 * n
+    # AdamW: exp_avg and exp_avg_sq per parameter, plus a scalar fp32 step per tensor.
+    assert m.optimizer_state_bytes == 2 * 4 * n + 4 * 4
+    # Saved for backward, one micro-batch of 32: the first matmul saves its input
+    # (the flattened images, 32x64); ReLU saves its output (32x32), which the second
+    # matmul saves again as its input (same storage: counted once); cross-entropy
+    # saves its log-softmax (32x10), the int64 labels (32) and a scalar fp32 weight total.
+    assert m.activation_bytes == 4 * (32 * 64 + 32 * 32 + 32 * 10) + 8 * 32 + 4
+
+def test_flops_per_step_count_forward_and_backward():
+    result = run(RunConfig(**TINY), sinks=[], name="tiny")
+    matmul_params = 64 * 32 + 32 * 10
+    # 2 FLOPs per multiply-add forward, twice that backward, less the input gradient
+    # of the first layer (the data needs none).
+    assert result.flops_per_step == 32 * (6 * matmul_params - 2 * 64 * 32)
+
+
+def test_gradient_accumulation_counts_optimizer_steps_not_micro_batches():
+    sink = RecordingSink()
+    result = run(RunConfig(**{**TINY, "grad_accum_steps": 3, "steps": 4, "log_every": 1}), sinks=[sink], name="acc")
+    assert result.steps_done == 4 and [r.step for r in sink.steps] == [1, 2, 3, 4]
+    plain = run(RunConfig(**{**TINY, "steps": 1}), sinks=[], name="plain")
+    assert result.flops_per_step == 3 * plain.flops_per_step
+
+
+def test_same_seed_gives_the_same_loss_curve():
+    a = run(RunConfig(**TINY), sinks=[], name="a")
+    b = run(RunConfig(**TINY), sinks=[], name="b")
+    assert a.losses == b.losses
+
+
+def test_a_failing_run_reports_and_leaves_the_process_usable():
+    sink = RecordingSink()
+    with pytest.raises(RuntimeError, match="boom"):
+        run(RunConfig(**TINY), sinks=[sink, _RaiseAtStep(RuntimeError("boom"), at=4)], name="bad")
+    assert sink.ends[-1].status == "failed" and sink.ends[-1].message == "RuntimeError: boom"
+    assert run(RunConfig(**TINY), sinks=[], name="after").status == "ok"
+
+
+def test_an_interrupt_keeps_the_partial_curve():
+    result = run(RunConfig(**TINY), sinks=[_RaiseAtStep(KeyboardInterrupt(), at=8)], name="stopped")
+    assert result.status == "interrupted" and result.steps_done == 8
+    assert result.loss_steps == [4, 8] and result.accuracy is None
+
+
+def test_an_out_of_memory_error_becomes_an_oom_result():
+    result = run(RunConfig(**TINY), sinks=[_RaiseAtStep(torch.OutOfMemoryError("CUDA out of memory. Tried"), at=4)], name="oom")
+    assert result.status == "oom" and result.message.startswith("CUDA out of memory")
+
+
+def test_gpt_runs_with_checkpointing_and_saves_fewer_activation_bytes():
+    base = dict(model="gpt", steps=2, log_every=1, eval_samples=16, batch_size=2, seq_len=32)
+    plain = run(RunConfig(**base), sinks=[], name="plain")
+    ckpt = run(RunConfig(**base, activation_checkpointing="all"), sinks=[], name="ckpt")
+    assert ckpt.memory.activation_bytes < 0.4 * plain.memory.activation_bytes
+    assert ckpt.flops_per_step > plain.flops_per_step  # the recompute
+    assert plain.tokens_per_sec > 0
+
+
+def test_bf16_autocast_runs_on_cpu_and_warns_when_emulated():
+    from workbench import hardware
+
+    result = run(RunConfig(**{**TINY, "precision": "bf16", "steps": 2, "log_every": 1}), sinks=[], name="bf16")
+    assert result.status == "ok"
+    if hardware.precision_support("cpu", "bf16") == "emulated":
+        assert any("emulated" in w for w in result.warnings)

@@ -1,0 +1,257 @@
+"""RunConfig: every knob of a training run, checked before anything runs.
+
+Each technique is a field here and a visible line in `train.py`, never a subclass.
+Fields left as None take the preset's value (see `presets.py`); `resolved()`
+returns the config with every value filled in, which is what `run()` uses and
+what results record. Bad values raise `ConfigError`, one line that names the
+field and the fix, before any data is loaded or memory allocated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from . import hardware
+from .data import DATASETS, train_size
+from .presets import PRESETS, get_preset
+
+MODELS = ("mlp", "cnn", "gpt", "minilm")
+OPTIMIZERS = ("adamw", "adam", "sgd")
+CHECKPOINTING = ("none", "all", "every_other")
+DEVICES = ("auto", "cpu", "cuda")
+DEFAULT_DATA = {"mlp": "mnist", "cnn": "mnist", "gpt": "rotten_tomatoes_lm", "minilm": "rotten_tomatoes"}
+DEFAULT_LR = {"mlp": 1e-3, "cnn": 1e-3, "gpt": 1e-3, "minilm": 5e-5}
+TASK_OF_MODEL = {
+    "mlp": "image_classification",
+    "cnn": "image_classification",
+    "gpt": "language_modeling",
+    "minilm": "text_classification",
+}
+
+
+class ConfigError(ValueError):
+    """A RunConfig value that cannot work; the message names the field and the fix."""
+
+
+@dataclass(kw_only=True, slots=True)
+class RunConfig:
+    """One training run. Unset (None) fields take the preset's value.
+
+    Example:
+        >>> cfg = RunConfig(model="mlp", precision="bf16", steps=10)
+        >>> cfg.resolved().batch_size  # from the preset in force
+        64
+    """
+
+    model: str = "mlp"
+    """'mlp', 'cnn' (images), 'gpt' (byte-level language model) or 'minilm' (pretrained)."""
+    data: str | None = None
+    """A built-in data set (see data.DATASETS) or 'hub:<name>'; None: the model's default."""
+    batch_size: int | None = None
+    """Micro-batch size: samples per forward/backward pass (per process)."""
+    steps: int | None = None
+    """Optimizer steps. Give steps or epochs, not both."""
+    epochs: float | None = None
+    """Passes over the training set; converted to optimizer steps."""
+    lr: float | None = None
+    """Learning rate; None: a sensible default for the model."""
+    optimizer: str = "adamw"
+    """'adamw', 'adam' or 'sgd' (with momentum 0.9)."""
+    weight_decay: float = 0.0
+    precision: str = "fp32"
+    """'fp32', 'fp16' (autocast + GradScaler) or 'bf16' (autocast), via accelerate."""
+    grad_accum_steps: int = 1
+    """Micro-batches whose gradients add up before each optimizer step."""
+    activation_checkpointing: str | bool = "none"
+    """'none', 'all' or 'every_other' block (gpt, minilm); True means 'all'."""
+    max_grad_norm: float | None = None
+    """Clip the gradient norm to this before each optimizer step; None: no clipping."""
+    seq_len: int | None = None
+    """Tokens per sample for the text models."""
+    num_workers: int = 0
+    """DataLoader worker processes (0: load in the training process)."""
+    pin_memory: bool = False
+    prefetch_factor: int | None = None
+    """Batches each worker loads ahead; needs num_workers > 0."""
+    persistent_workers: bool = False
+    """Keep workers alive between epochs; needs num_workers > 0."""
+    seed: int = 0
+    device: str = "auto"
+    """'auto' (a GPU when there is one), 'cpu' or 'cuda'."""
+    preset: str | None = None
+    """'cpu-quick', 'cpu' or 'gpu'; None: $WORKBENCH_PRESET or by hardware."""
+    log_every: int | None = None
+    """Optimizer steps between log records (the only device syncs)."""
+    eval_samples: int | None = None
+    """Held-out samples evaluated after training (0: no evaluation)."""
+    dims: dict[str, Any] | None = None
+    """Model size overrides, e.g. {'n_layer': 4} for gpt; None: the preset's."""
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        _check_values(self, _resolve(self))
+
+    def resolved(self) -> RunConfig:
+        """This config with every None filled from the preset and defaults.
+
+        Epochs become optimizer steps here (and `epochs` None), so the resolved
+        config says exactly how many steps the run takes.
+        """
+        values = _resolve(self)
+        _check_values(self, values)
+        values["epochs"] = None
+        return RunConfig(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# field -> (accepted types, what to write instead); bool is excluded from ints
+# because True == 1 would silently pass as a batch size.
+_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "model": ((str,), "a model name such as 'mlp'"),
+    "data": ((str, type(None)), "a data set name such as 'mnist'"),
+    "batch_size": ((int, type(None)), "a whole number such as 32"),
+    "steps": ((int, type(None)), "a whole number such as 100"),
+    "epochs": ((int, float, type(None)), "a number such as 1 or 0.5"),
+    "lr": ((int, float, type(None)), "a number such as 1e-3"),
+    "optimizer": ((str,), "'adamw', 'adam' or 'sgd'"),
+    "weight_decay": ((int, float), "a number such as 0.01"),
+    "precision": ((str,), "'fp32', 'fp16' or 'bf16'"),
+    "grad_accum_steps": ((int,), "a whole number such as 4"),
+    "activation_checkpointing": ((str, bool), "'none', 'all' or 'every_other'"),
+    "max_grad_norm": ((int, float, type(None)), "a number such as 1.0, or None"),
+    "seq_len": ((int, type(None)), "a whole number such as 128"),
+    "num_workers": ((int,), "a whole number such as 2"),
+    "pin_memory": ((bool,), "True or False"),
+    "prefetch_factor": ((int, type(None)), "a whole number such as 2, or None"),
+    "persistent_workers": ((bool,), "True or False"),
+    "seed": ((int,), "a whole number such as 0"),
+    "device": ((str,), "'auto', 'cpu' or 'cuda'"),
+    "preset": ((str, type(None)), "'cpu-quick', 'cpu' or 'gpu'"),
+    "log_every": ((int, type(None)), "a whole number such as 10"),
+    "eval_samples": ((int, type(None)), "a whole number such as 500"),
+    "dims": ((dict, type(None)), "a dict such as {'n_layer': 4}"),
+}
+
+
+def _check_types(cfg: RunConfig) -> None:
+    for name, (types, hint) in _TYPES.items():
+        value = getattr(cfg, name)
+        is_bool_as_number = isinstance(value, bool) and bool not in types
+        if is_bool_as_number or not isinstance(value, types):
+            raise ConfigError(
+                f"{name} must be {hint}, got {type(value).__name__} {value!r}; pass {name}=<{hint}>"
+            )
+
+
+def _one_of(name: str, value: str, choices: tuple[str, ...] | list[str]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{name}={value!r} is not known; use one of: {', '.join(map(repr, choices))}")
+
+
+def _resolve(cfg: RunConfig) -> dict[str, Any]:
+    """Fill every None from the preset; assumes types are already checked."""
+    if cfg.preset is not None:
+        _one_of("preset", cfg.preset, list(PRESETS))
+    _one_of("model", cfg.model, MODELS)
+    preset = get_preset(cfg.preset)
+    values = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    values["preset"] = preset.name
+    values["data"] = cfg.data or DEFAULT_DATA[cfg.model]
+    values["lr"] = DEFAULT_LR[cfg.model] if cfg.lr is None else cfg.lr
+    pick = lambda given, default: default if given is None else given  # noqa: E731 (0 is a value)
+    values["batch_size"] = pick(cfg.batch_size, preset.batch_size[cfg.model])
+    values["seq_len"] = pick(cfg.seq_len, preset.seq_len.get(cfg.model))
+    values["log_every"] = pick(cfg.log_every, preset.log_every)
+    values["eval_samples"] = preset.max_eval_samples if cfg.eval_samples is None else cfg.eval_samples
+    values["dims"] = {**preset.dims[cfg.model], **(cfg.dims or {})}
+    if cfg.activation_checkpointing is True or cfg.activation_checkpointing is False:
+        values["activation_checkpointing"] = "all" if cfg.activation_checkpointing else "none"
+    if cfg.steps is None and cfg.epochs is None:
+        device = hardware.resolve_device(cfg.device) if cfg.device in DEVICES else "cpu"
+        emulated = hardware.precision_support(device, cfg.precision) == "emulated" if cfg.precision in hardware.PRECISIONS else False
+        quick = preset.reduced_precision_steps_on_emulated_cpu
+        values["steps"] = quick if emulated and quick else preset.steps
+    return values
+
+
+def _check_values(cfg: RunConfig, r: dict[str, Any]) -> None:
+    # Names first: everything after may look things up by them.
+    _one_of("optimizer", r["optimizer"], OPTIMIZERS)
+    _one_of("precision", r["precision"], hardware.PRECISIONS)
+    _one_of("device", r["device"], DEVICES)
+    _one_of("activation_checkpointing", r["activation_checkpointing"], CHECKPOINTING)
+    data = r["data"]
+    if not data.startswith("hub:"):
+        _one_of("data", data, list(DATASETS))
+        task = DATASETS[data].task
+        if task != TASK_OF_MODEL[r["model"]]:
+            fit = [n for n, info in DATASETS.items() if info.task == TASK_OF_MODEL[r["model"]]]
+            raise ConfigError(
+                f"data={data!r} is {task} but model={r['model']!r} needs "
+                f"{TASK_OF_MODEL[r['model']]}; use data={fit[0]!r} or another model"
+            )
+    for name in ("batch_size", "steps", "grad_accum_steps", "log_every", "seq_len"):
+        if r[name] is not None and r[name] < 1:
+            raise ConfigError(f"{name}={r[name]} must be at least 1; pass a positive whole number")
+    for name in ("num_workers", "eval_samples", "seed"):
+        if r[name] < 0:
+            raise ConfigError(f"{name}={r[name]} must not be negative; pass 0 or more")
+    if cfg.epochs is not None and not cfg.epochs > 0:
+        raise ConfigError(f"epochs={cfg.epochs} must be positive; pass e.g. epochs=1")
+    if not (math.isfinite(r["lr"]) and r["lr"] > 0):
+        raise ConfigError(f"lr={r['lr']} must be a positive finite number; pass e.g. lr=1e-3")
+    if r["weight_decay"] < 0:
+        raise ConfigError(f"weight_decay={r['weight_decay']} must not be negative; pass e.g. 0.01")
+    if r["max_grad_norm"] is not None and not r["max_grad_norm"] > 0:
+        raise ConfigError(f"max_grad_norm={r['max_grad_norm']} must be positive or None")
+    if cfg.steps is not None and cfg.epochs is not None:
+        raise ConfigError(f"steps={cfg.steps} and epochs={cfg.epochs} conflict; give only one of them")
+    if r["num_workers"] == 0 and (r["prefetch_factor"] is not None or r["persistent_workers"]):
+        knob = "prefetch_factor" if r["prefetch_factor"] is not None else "persistent_workers"
+        raise ConfigError(f"{knob} needs worker processes; set num_workers >= 1 or leave {knob} unset")
+    if r["prefetch_factor"] is not None and r["prefetch_factor"] < 1:
+        raise ConfigError(f"prefetch_factor={r['prefetch_factor']} must be at least 1")
+    if r["activation_checkpointing"] != "none" and r["model"] not in ("gpt", "minilm"):
+        raise ConfigError(
+            f"activation_checkpointing={r['activation_checkpointing']!r} needs a model with blocks; "
+            f"use model='gpt' or 'minilm', or activation_checkpointing='none'"
+        )
+    if r["model"] == "minilm" and r["activation_checkpointing"] == "every_other":
+        raise ConfigError("activation_checkpointing='every_other' is for model='gpt'; use 'all' for minilm")
+    _check_device(r)
+    if not data.startswith("hub:"):
+        size = train_size(data, r["seq_len"])
+        if r["batch_size"] > size:
+            raise ConfigError(
+                f"batch_size={r['batch_size']} is larger than data={data!r} ({size} training samples); "
+                f"pass batch_size <= {size}"
+            )
+        if cfg.epochs is not None:
+            # Steps per epoch: full micro-batches (drop_last) grouped by accumulation.
+            per_epoch = (size // r["batch_size"]) // r["grad_accum_steps"]
+            if per_epoch < 1:
+                raise ConfigError(
+                    f"grad_accum_steps={r['grad_accum_steps']} x batch_size={r['batch_size']} exceeds "
+                    f"one epoch of {data!r} ({size} samples); lower one of them"
+                )
+            r["steps"] = max(1, math.ceil(cfg.epochs * per_epoch))
+
+
+def _check_device(r: dict[str, Any]) -> None:
+    import torch
+
+    if r["device"] == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device='cuda' but no CUDA GPU is visible; use device='auto' or 'cpu'")
+    device = hardware.resolve_device(r["device"])
+    if hardware.precision_support(device, r["precision"]) == "unsupported":
+        info = hardware.gpu_info()
+        where = f"{info.name} (compute capability {info.compute_capability})" if info else device
+        fallback = "fp16" if r["precision"] == "bf16" else "fp32"
+        raise ConfigError(
+            f"precision={r['precision']!r} is not supported on {where}; use precision={fallback!r}"
+        )

@@ -1,0 +1,108 @@
+"""RunResult: what one run measured, in plain fields that compare() lays side by side."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import RunConfig
+from .sinks import format_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBreakdown:
+    """Exact bytes of one training step, plus the measured peak.
+
+    The first four are deterministic counts (nbval checks them); the peak is a
+    reading of the allocator (GPU) or the process high-water mark (CPU).
+    """
+
+    parameter_bytes: int
+    gradient_bytes: int
+    optimizer_state_bytes: int
+    activation_bytes: int | None
+    """Saved-for-backward bytes of one micro-batch (unique storages, parameters excluded)."""
+    peak_bytes: int | None
+    """CUDA max_memory_allocated, or the process VmHWM on CPU (includes Python and libraries)."""
+    peak_increase_bytes: int | None
+    """Peak minus the memory in use when training started."""
+    peak_kind: str
+    """What the peak is: 'CUDA allocator peak' or 'process VmHWM'."""
+
+    @property
+    def model_state_bytes(self) -> int:
+        return self.parameter_bytes + self.gradient_bytes + self.optimizer_state_bytes
+
+    def rows(self) -> list[tuple[str, str]]:
+        return [
+            ("parameters", format_bytes(self.parameter_bytes)),
+            ("gradients", format_bytes(self.gradient_bytes)),
+            ("optimizer state", format_bytes(self.optimizer_state_bytes)),
+            ("saved activations (one micro-batch)", format_bytes(self.activation_bytes)),
+            (f"peak ({self.peak_kind})", format_bytes(self.peak_bytes)),
+            ("peak increase during training", format_bytes(self.peak_increase_bytes)),
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    name: str
+    config: RunConfig
+    """The resolved config: every value the run used."""
+    status: str
+    """'ok', 'failed', 'interrupted' or 'oom'."""
+    message: str
+    steps_done: int
+    loss_steps: list[int]
+    losses: list[float]
+    """Training loss at each log step (mean over the micro-batches since the last)."""
+    step_time_s: float | None
+    """Mean seconds per optimizer step, the first (probe and warm-up) step excluded."""
+    interval_step_times_s: list[float]
+    """Mean step time of each log interval: shows the spread."""
+    samples_per_sec: float | None
+    tokens_per_sec: float | None
+    flops_per_step: int | None
+    """FLOPs of one optimizer step (forward + backward, all micro-batches), counted."""
+    tflops_per_sec: float | None
+    mfu: float | None
+    peak_flops_source: str
+    data_wait_fraction: float | None
+    """Share of the timed steps spent waiting for the next batch."""
+    memory: MemoryBreakdown | None
+    eval_loss: float | None
+    accuracy: float | None
+    """Held-out accuracy (next-token accuracy for language models)."""
+    device: str
+    warnings: tuple[str, ...] = ()
+    wall_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def final_loss(self) -> float | None:
+        return self.losses[-1] if self.losses else None
+
+    def summary(self) -> dict[str, Any]:
+        """Headline figures as a plain dict (sent to sinks in RunEnd)."""
+        m = self.memory
+        return {
+            "status": self.status,
+            "steps": self.steps_done,
+            "final_loss": self.final_loss,
+            "accuracy": self.accuracy,
+            "step_time_s": self.step_time_s,
+            "samples_per_sec": self.samples_per_sec,
+            "tokens_per_sec": self.tokens_per_sec,
+            "activation_bytes": m.activation_bytes if m else None,
+            "peak_bytes": m.peak_bytes if m else None,
+        }
+
+    def _repr_html_(self) -> str:
+        from .compare import compare_table
+
+        return compare_table([self]).to_html()
+
+    def __repr__(self) -> str:
+        loss = f"{self.final_loss:.4f}" if self.final_loss is not None else "n/a"
+        ms = f"{self.step_time_s * 1e3:.1f} ms/step" if self.step_time_s else "n/a"
+        return f"RunResult({self.name!r}, {self.status}, {self.steps_done} steps, loss {loss}, {ms})"

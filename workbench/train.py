@@ -1,0 +1,329 @@
+"""The one training loop. Every technique switch is visible where it acts.
+
+`run(config)` builds the data, model and optimizer, hands them to accelerate
+(which owns devices, mixed precision and gradient accumulation, on one CPU or
+many GPUs alike), trains, evaluates and returns a RunResult. It emits plain
+records to sinks and never draws. The device syncs only at log steps, where
+`loss.item()` syncs anyway.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from contextlib import nullcontext
+from collections.abc import Iterable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from . import hardware
+from .config import RunConfig
+from .counters import SavedActivationCounter, gradient_bytes, optimizer_state_bytes, parameter_bytes
+from .meters import MemoryMeter, Throughput, mfu
+from .result import MemoryBreakdown, RunResult
+from .sinks import RunEnd, RunStart, Sink, StepRecord
+
+
+def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    # Cross-entropy in fp32 even under autocast: a softmax over many classes in
+    # 16 bits loses precision (autocast would upcast it too; this says so).
+    return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=-100)
+
+
+def make_optimizer(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=0.9, weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def make_accelerator(cfg: RunConfig):
+    """A fresh Accelerator for this config.
+
+    accelerate keeps its state in process-wide singletons and refuses a second
+    Accelerator with another mixed precision; a notebook compares precisions in
+    one kernel, so the single-process state is reset first. Under a distributed
+    launch the process group must survive, so only the per-run part is reset.
+    """
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    device = hardware.resolve_device(cfg.device)
+    distributed = PartialState._shared_state.get("num_processes", 1) > 1
+    AcceleratorState._reset_state(reset_partial_state=not distributed)
+    GradientState._reset_state()
+    mixed = {"fp32": "no", "fp16": "fp16", "bf16": "bf16"}[cfg.precision]
+    return Accelerator(
+        cpu=device == "cpu",
+        mixed_precision=mixed,
+        gradient_accumulation_steps=cfg.grad_accum_steps,
+    )
+
+
+def _batches(loader: Iterable) -> Iterator[dict]:
+    """Loop over the loader forever: runs are counted in optimizer steps."""
+    epoch = 0
+    while True:
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(epoch)  # a new, seeded shuffle each epoch
+        yield from loader
+        epoch += 1
+
+
+def run(config: RunConfig, *, sinks: Iterable[Sink] | None = None, name: str | None = None) -> RunResult:
+    """Train one run and measure it.
+
+    Example:
+        >>> result = run(RunConfig(model="mlp", steps=20, preset="cpu-quick"), name="baseline")
+        >>> result.status, len(result.losses) > 0
+        ('ok', True)
+    """
+    from .data import build_dataloader, load_data
+    from .models import build_model, set_activation_checkpointing
+
+    cfg = config.resolved()
+    name = name or f"{cfg.model} {cfg.precision} b{cfg.batch_size}"
+    if sinks is None:
+        from .dashboard import default_sinks
+
+        sinks = default_sinks()
+    sinks = list(sinks)
+
+    wall_start = time.perf_counter()
+    accelerator = make_accelerator(cfg)
+    device = accelerator.device
+    torch.manual_seed(cfg.seed)  # same weights and data order for every arm of a comparison
+
+    bundle = load_data(cfg.data, seq_len=cfg.seq_len or 128, max_test=cfg.eval_samples or None, seed=cfg.seed)
+    model = build_model(cfg.model, data=bundle, dims=cfg.dims)
+    set_activation_checkpointing(model, cfg.activation_checkpointing)  # technique: checkpointing
+    optimizer = make_optimizer(model, cfg)
+    loader = build_dataloader(
+        bundle.train, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed,
+        num_workers=cfg.num_workers, pin_memory=cfg.pin_memory,  # technique: input pipeline
+        prefetch_factor=cfg.prefetch_factor, persistent_workers=cfg.persistent_workers,
+    )
+    # prepare() moves the model, wraps forward in autocast for fp16/bf16 and, for
+    # fp16 on a GPU, creates the GradScaler that accelerator.backward uses.
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+
+    meter = MemoryMeter(device)
+    warnings = tuple(w for w in [hardware.emulation_warning(device.type, cfg.precision)] if w)
+    peak, peak_source = hardware.peak_flops(device.type, cfg.precision)
+    start = RunStart(
+        run_name=name, total_steps=cfg.steps, device=f"{device.type}", precision=cfg.precision,
+        config=cfg.to_dict(), warnings=warnings, memory_total_bytes=meter.total_bytes(),
+        rank=accelerator.process_index,
+    )
+    for sink in sinks:
+        sink.start(start)
+
+    state = _LoopState()
+    status, message = "ok", ""
+    try:
+        _train(cfg, name, accelerator, model, optimizer, loader, meter, peak, sinks, state)
+    except KeyboardInterrupt:
+        status, message = "interrupted", f"stopped by the user at step {state.step}"
+    except torch.OutOfMemoryError as error:
+        status, message = "oom", str(error).splitlines()[0]
+    except Exception as error:
+        message = f"{type(error).__name__}: {error}".splitlines()[0]
+        for sink in sinks:
+            sink.end(RunEnd(run_name=name, status="failed", steps_done=state.step, message=message,
+                            rank=accelerator.process_index))
+        _free(accelerator)
+        raise
+
+    eval_loss = accuracy = None
+    if status == "ok" and cfg.eval_samples:
+        eval_loss, accuracy = evaluate(accelerator, model, bundle.test, cfg)
+    result = _make_result(cfg, name, status, message, state, model, optimizer, meter, peak,
+                          peak_source, eval_loss, accuracy, device, warnings, wall_start)
+    for sink in sinks:
+        sink.end(RunEnd(run_name=name, status=status, steps_done=state.step, message=message,
+                        summary=result.summary(), rank=accelerator.process_index))
+    if status != "ok":
+        _free(accelerator)
+    return result
+
+
+class _LoopState:
+    """What the loop has measured so far; partial results survive an interruption."""
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.loss_steps: list[int] = []
+        self.losses: list[float] = []
+        self.interval_times: list[float] = []
+        self.timed_seconds = 0.0
+        self.timed_steps = 0
+        self.timed_samples = 0
+        self.timed_tokens = 0
+        self.data_wait_s = 0.0
+        self.activation_bytes: int | None = None
+        self.flops_per_step: int | None = None
+        self.start_memory: int | None = None
+
+
+def _train(cfg, name, accelerator, model, optimizer, loader, meter, peak, sinks, state) -> None:
+    is_text = cfg.model in ("gpt", "minilm")
+    model.train()
+    meter.reset_peak()  # the peak from here on is this run's
+    state.start_memory = meter.current_bytes()
+    batches = _batches(loader)
+    running_loss = torch.zeros((), device=accelerator.device)  # summed on device: no sync per step
+    micro_in_window = 0
+    samples = tokens = 0
+    wait = 0.0
+    flops = 0
+    interval_start = time.perf_counter()
+    interval_first_step = 1
+
+    while state.step < cfg.steps:
+        fetch_start = time.perf_counter()
+        batch = next(batches)
+        wait += time.perf_counter() - fetch_start
+        probe = state.step == 0  # the first optimizer step is measured exactly, and not timed
+        # technique: gradient accumulation. Inside accumulate(), backward() divides
+        # the loss by grad_accum_steps and optimizer.step() only acts (and DDP only
+        # all-reduces) on the last micro-batch of each window.
+        with accelerator.accumulate(model):
+            with FlopCounterMode(display=False) if probe else nullcontext() as flop_counter:
+                with SavedActivationCounter(model) if probe else nullcontext() as saved:
+                    logits = model(batch["inputs"])  # technique: precision (autocast inside)
+                    loss = loss_fn(logits, batch["labels"])
+                accelerator.backward(loss)  # scales the loss first under fp16 (GradScaler)
+            if probe:
+                if state.activation_bytes is None:  # one micro-batch's worth
+                    state.activation_bytes = saved.bytes
+                flops += flop_counter.get_total_flops()
+            if accelerator.sync_gradients and cfg.max_grad_norm:
+                accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        running_loss += loss.detach()
+        micro_in_window += 1
+        samples += batch["labels"].shape[0]
+        if is_text:
+            tokens += batch["inputs"].numel()
+        if not accelerator.sync_gradients:
+            continue
+        state.step += 1
+        if probe:
+            state.flops_per_step = flops
+        is_log_step = state.step % cfg.log_every == 0 or state.step == cfg.steps
+        if probe and not is_log_step:
+            # Restart the clock after the probe step: it carries the counters'
+            # overhead and one-off warm-up (allocator, kernel selection).
+            running_loss.item()  # sync, so the probe's GPU work is not timed later
+            interval_start, interval_first_step = time.perf_counter(), 2
+            samples = tokens = 0
+            wait = 0.0
+        if not is_log_step:
+            continue
+        # Log step: the only device sync in the loop (.item() waits for the GPU).
+        mean_loss = (running_loss / micro_in_window).item()
+        running_loss.zero_()
+        micro_in_window = 0
+        now = time.perf_counter()
+        steps_in_interval = state.step - interval_first_step + 1
+        state.loss_steps.append(state.step)
+        state.losses.append(mean_loss)
+        rates = Throughput.over(seconds=now - interval_start, steps=steps_in_interval,
+                                samples=samples * accelerator.num_processes,
+                                tokens=tokens * accelerator.num_processes if is_text else None,
+                                flops=(state.flops_per_step or 0) * steps_in_interval * accelerator.num_processes or None)
+        if not probe:  # the probe step is shown, but kept out of the run's timings
+            state.interval_times.append(rates.step_time_s)
+            state.timed_seconds += now - interval_start
+            state.timed_steps += steps_in_interval
+            state.timed_samples += samples * accelerator.num_processes  # all ranks' samples
+            state.timed_tokens += tokens * accelerator.num_processes
+            state.data_wait_s += wait
+        record = StepRecord(
+            run_name=name, step=state.step, total_steps=cfg.steps, loss=mean_loss,
+            elapsed_s=state.timed_seconds, step_time_s=rates.step_time_s,
+            samples_per_sec=rates.samples_per_sec, tokens_per_sec=rates.tokens_per_sec,
+            tflops_per_sec=rates.tflops_per_sec, mfu=mfu(rates.tflops_per_sec, peak),
+            memory_bytes=meter.current_bytes(), memory_peak_bytes=meter.peak_bytes(),
+            memory_reserved_bytes=meter.reserved_bytes(), memory_kind=meter.kind,
+            activation_bytes=state.activation_bytes, data_wait_s=wait / steps_in_interval,
+            lr=optimizer.param_groups[0]["lr"], rank=accelerator.process_index,
+        )
+        for sink in sinks:
+            sink.log(record)
+        interval_start, interval_first_step = time.perf_counter(), state.step + 1
+        samples = tokens = 0
+        wait = 0.0
+
+
+@torch.no_grad()
+def evaluate(accelerator, model, dataset, cfg: RunConfig) -> tuple[float, float]:
+    """Held-out loss and accuracy, in fp32 with autocast off (reduced precision is
+    for training speed; the reported accuracy should not depend on it)."""
+    from .data import build_dataloader
+
+    plain = accelerator.unwrap_model(model, keep_fp32_wrapper=False)
+    plain.eval()
+    loader = accelerator.prepare_data_loader(
+        build_dataloader(dataset, batch_size=max(cfg.batch_size, 64), shuffle=False, seed=cfg.seed, drop_last=False)
+    )
+    loss_sum = torch.zeros((), device=accelerator.device, dtype=torch.float64)
+    correct = torch.zeros((), device=accelerator.device, dtype=torch.float64)
+    count = torch.zeros((), device=accelerator.device, dtype=torch.float64)
+    for batch in loader:
+        logits = plain(batch["inputs"]).float()
+        labels = batch["labels"]
+        loss_sum += F.cross_entropy(logits.flatten(0, -2), labels.flatten(), reduction="sum")
+        correct += (logits.argmax(-1) == labels).sum()
+        count += labels.numel()
+    totals = accelerator.reduce(torch.stack([loss_sum, correct, count]), reduction="sum")
+    loss_sum, correct, count = totals.tolist()
+    return loss_sum / count, correct / count
+
+
+def _make_result(cfg, name, status, message, state, model, optimizer, meter, peak, peak_source,
+                 eval_loss, accuracy, device, warnings, wall_start) -> RunResult:
+    timed = state.timed_seconds > 0 and state.timed_steps > 0
+    rates = Throughput.over(
+        seconds=state.timed_seconds, steps=state.timed_steps, samples=state.timed_samples,
+        tokens=state.timed_tokens if cfg.model in ("gpt", "minilm") else None,
+        flops=(state.flops_per_step or 0) * state.timed_steps or None,
+    ) if timed else None
+    peak_bytes = meter.peak_bytes()
+    memory = MemoryBreakdown(
+        parameter_bytes=parameter_bytes(model),
+        gradient_bytes=gradient_bytes(model, expected=True),
+        optimizer_state_bytes=optimizer_state_bytes(optimizer),
+        activation_bytes=state.activation_bytes,
+        peak_bytes=peak_bytes,
+        peak_increase_bytes=None if peak_bytes is None or state.start_memory is None
+        else max(0, peak_bytes - state.start_memory),
+        peak_kind="CUDA allocator peak" if meter.on_cuda else "process VmHWM",
+    )
+    return RunResult(
+        name=name, config=cfg, status=status, message=message, steps_done=state.step,
+        loss_steps=state.loss_steps, losses=state.losses,
+        step_time_s=rates.step_time_s if rates else None,
+        interval_step_times_s=state.interval_times,
+        samples_per_sec=rates.samples_per_sec if rates else None,
+        tokens_per_sec=rates.tokens_per_sec if rates else None,
+        flops_per_step=state.flops_per_step,
+        tflops_per_sec=rates.tflops_per_sec if rates else None,
+        mfu=mfu(rates.tflops_per_sec, peak) if rates else None, peak_flops_source=peak_source,
+        data_wait_fraction=state.data_wait_s / state.timed_seconds if timed else None,
+        memory=memory, eval_loss=eval_loss, accuracy=accuracy, device=device.type,
+        warnings=warnings, wall_s=time.perf_counter() - wall_start,
+    )
+
+
+def _free(accelerator) -> None:
+    """Give memory back after a failed run so the kernel stays usable."""
+    accelerator.free_memory()
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
