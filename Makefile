@@ -1,0 +1,20 @@
+# The two commands of the README. Both install what is missing first (scripts/setup.sh).
+PY := $(if $(VIRTUAL_ENV)$(CONDA_PREFIX),python,.venv/bin/python)
+
+.PHONY: lab test setup benchmark
+
+setup:
+	@bash scripts/setup.sh lab,test
+
+lab: setup
+	$(PY) -m jupyter lab notebooks/
+
+# Single-threaded BLAS and offline hubs: what CI runs; timings comparable run to run.
+test: setup
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+	WORKBENCH_PRESET=$(or $(WORKBENCH_PRESET),cpu-quick) \
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+benchmark: setup
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PY) benchmarks/overhead.py
