@@ -1,0 +1,158 @@
+"""Exact counts, checked against numbers worked out by hand and against the formulas."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workbench.counters import (
+    SavedActivationCounter,
+    count_flops,
+    gpt_activation_bytes_formula,
+    gpt_flops_formula,
+    gradient_bytes,
+    matmul_parameter_count,
+    note_saved,
+    optimizer_state_bytes,
+    parameter_bytes,
+)
+from workbench.models import GPT
+
+# A small GPT: L=2 layers, h=64 wide, a=4 heads, s=32 positions, batch b=2, vocab V=97.
+S, B, H, A, L, V = 32, 2, 64, 4, 2, 97
+
+
+def make_gpt() -> GPT:
+    torch.manual_seed(0)
+    return GPT(V, S, n_layer=L, n_head=A, d_model=H)
+
+
+def tokens() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(0, V, (B, S), generator=g), torch.randint(0, V, (B, S), generator=g)
+
+
+def test_parameter_bytes_of_a_linear_3_to_4_are_16_floats():
+    assert parameter_bytes(nn.Linear(3, 4)) == (3 * 4 + 4) * 4
+
+
+def test_gradient_bytes_count_existing_grads_or_expected_ones():
+    model = nn.Linear(3, 4)
+    assert gradient_bytes(model) == 0
+    assert gradient_bytes(model, expected=True) == 64
+    model(torch.ones(2, 3)).sum().backward()
+    assert gradient_bytes(model) == 64
+
+
+def test_adamw_state_is_two_moments_plus_one_step_tensor_per_parameter():
+    model = nn.Linear(3, 4)
+    opt = torch.optim.AdamW(model.parameters())
+    assert optimizer_state_bytes(opt) == 0  # state is created lazily, at the first step
+    model(torch.ones(2, 3)).sum().backward()
+    opt.step()
+    # exp_avg + exp_avg_sq = 2 x 64 B; weight and bias each get a float32 `step` scalar: 2 x 4 B
+    assert optimizer_state_bytes(opt) == 2 * 64 + 2 * 4
+
+
+def test_saved_activations_of_linear_relu_equal_the_hand_count():
+    model = nn.Linear(3, 4)
+    with SavedActivationCounter(model) as saved:
+        model(torch.ones(2, 3)).relu()
+    # Linear keeps its input (2x3 floats = 24 B) for the weight gradient; ReLU keeps its
+    # output (2x4 floats = 32 B). The weight it also keeps is a parameter: not counted.
+    assert (saved.bytes, saved.count, saved.by_dtype) == (24 + 32, 2, {torch.float32: 56})
+
+
+def test_parameters_and_their_views_are_not_counted_with_or_without_the_model():
+    model = nn.Linear(3, 4)
+    x = torch.ones(2, 3, requires_grad=True)  # now addmm also keeps weight.t(), a view
+    with SavedActivationCounter(model) as with_model:
+        model(x)
+    with SavedActivationCounter() as without_model:
+        model(x)
+    assert with_model.bytes == without_model.bytes == 24
+
+
+def test_buffers_of_the_model_passed_in_are_not_counted():
+    model = nn.Module()
+    model.register_buffer("scale", torch.ones(3))
+    x = torch.ones(2, 3, requires_grad=True)
+    with SavedActivationCounter(model) as saved:
+        x * model.scale  # mul keeps the buffer for x's gradient
+    assert saved.bytes == 0
+
+
+def test_a_storage_saved_twice_through_two_views_is_counted_once_at_full_size():
+    x = torch.ones(4, requires_grad=True)
+    with SavedActivationCounter() as saved:
+        y = x * 2  # multiplying by a Python number saves nothing
+        y[:2].sin()  # keeps a view of y
+        y[2:].cos()  # keeps another view of the same storage
+    assert (saved.bytes, saved.count) == (4 * 4, 1)
+
+
+def test_counter_works_on_meta_tensors_and_agrees_with_real_ones():
+    with torch.device("meta"):
+        model = nn.Linear(3, 4)
+        x = torch.ones(2, 3)
+    assert x.data_ptr() == 0  # why the counter keys on the storage, not data_ptr
+    with SavedActivationCounter(model) as saved:
+        model(x).relu()
+    assert saved.bytes == 56
+
+
+def test_note_saved_adds_to_the_innermost_active_counter_only():
+    t = torch.ones(5)
+    note_saved(t)  # no counter active: a no-op
+    with SavedActivationCounter() as outer:
+        with SavedActivationCounter() as inner:
+            note_saved(t)
+            note_saved(t[1:])  # same storage: counted once
+        note_saved(torch.ones(2))
+    assert (inner.bytes, outer.bytes) == (20, 8)
+
+
+def test_count_flops_of_a_linear_is_2mnk_forward_and_3x_with_backward():
+    model = nn.Linear(3, 4)
+    x = torch.ones(2, 3, requires_grad=True)
+    assert count_flops(model, x) == 2 * 2 * 3 * 4
+    assert count_flops(lambda: model(x).sum().backward()) == 3 * 2 * 2 * 3 * 4
+
+
+def test_gpt_saved_activations_match_the_korthikanti_formula_without_dropout():
+    model = make_gpt()
+    x, _ = tokens()
+    with SavedActivationCounter(model) as saved:
+        model(x)
+    # Blocks: L x 4 x (16sbh + as²b + 4sb); around them the token ids (8sb), the final
+    # LayerNorm's input and statistics and the lm_head's input. No loss, so no logits.
+    expected = gpt_activation_bytes_formula(S, B, H, A, L, vocab_size=V)
+    assert abs(saved.bytes - expected) <= 0.001 * expected
+    assert saved.bytes == expected  # in fact exact, on CPU
+    # The blocks alone, counted from the embedding output on:
+    h0 = (model.wte(x) + model.wpe.weight[:S]).detach().requires_grad_()
+    with SavedActivationCounter(model) as blocks:
+        for block in model.blocks:
+            h0 = block(h0)
+    assert blocks.bytes == gpt_activation_bytes_formula(S, B, H, A, L)
+
+
+def test_gpt_saved_activations_on_meta_tensors_equal_the_real_count():
+    with torch.device("meta"):
+        model = GPT(V, S, n_layer=L, n_head=A, d_model=H)
+    with SavedActivationCounter(model) as saved:
+        model(torch.zeros(B, S, dtype=torch.long, device="meta"))
+    assert saved.bytes == gpt_activation_bytes_formula(S, B, H, A, L, vocab_size=V)
+
+
+def test_gpt_train_step_flops_equal_6N_per_token_plus_attention_exactly():
+    model = make_gpt()
+    x, y = tokens()
+    n = matmul_parameter_count(model)
+    assert n == 12 * L * H * H + V * H  # block matrices + the (tied) lm_head
+
+    def step() -> None:
+        F.cross_entropy(model(x).flatten(0, -2), y.flatten()).backward()
+
+    assert count_flops(step) == gpt_flops_formula(n, B * S, L, H, S)
