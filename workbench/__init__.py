@@ -23,8 +23,8 @@ _EXPORTS = {
     "run": "train",
     "RunResult": "result",
     "MemoryBreakdown": "result",
-    "compare": "compare",
-    "Comparison": "compare",
+    "compare": "comparison",
+    "Comparison": "comparison",
     "hardware_report": "hardware",
     "get_preset": "presets",
     "load_data": "data",
@@ -38,6 +38,7 @@ _EXPORTS = {
     "RunEnd": "sinks",
     "format_bytes": "sinks",
     "Dashboard": "dashboard",
+    "check": "exercises",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -56,9 +57,10 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from .compare import Comparison, compare
+    from .comparison import Comparison, compare
     from .config import ConfigError, RunConfig
     from .dashboard import Dashboard
+    from .exercises import check
     from .data import load_data
     from .hardware import hardware_report
     from .models import build_model, set_activation_checkpointing

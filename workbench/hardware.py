@@ -210,7 +210,7 @@ class HardwareReport:
     versions: dict[str, str] = field(default_factory=dict)
 
     def _repr_html_(self) -> str:
-        from .compare import html_table
+        from .comparison import html_table
 
         return html_table(self.rows(), caption="This machine")
 

@@ -98,7 +98,7 @@ class RunResult:
         }
 
     def _repr_html_(self) -> str:
-        from .compare import compare_table
+        from .comparison import compare_table
 
         return compare_table([self]).to_html()
 

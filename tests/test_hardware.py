@@ -1,0 +1,53 @@
+"""What the machine can do: native vs emulated dtypes, peaks, the learner's warning."""
+
+import pytest
+
+from workbench import hardware
+
+
+def test_fp32_is_always_native():
+    assert hardware.precision_support("cpu", "fp32") == "native"
+
+
+def test_cpu_bf16_is_native_only_with_avx512_bf16_or_amx(monkeypatch):
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    assert hardware.precision_support("cpu", "bf16") == "emulated"
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset({"avx2", "amx_bf16"}))
+    assert hardware.precision_support("cpu", "bf16") == "native"
+
+
+@pytest.mark.parametrize("cap,bf16,fp16", [((7, 0), "unsupported", "native"), ((8, 0), "native", "native"), ((5, 0), "unsupported", "unsupported")])
+def test_gpu_precisions_follow_compute_capability(monkeypatch, cap, bf16, fp16):
+    monkeypatch.setattr(hardware, "gpu_info", lambda: hardware.GPUInfo("Some GPU", 2**34, cap))
+    assert hardware.precision_support("cuda", "bf16") == bf16
+    assert hardware.precision_support("cuda", "fp16") == fp16
+
+
+def test_known_gpus_get_their_spec_sheet_peak(monkeypatch):
+    monkeypatch.setattr(hardware, "gpu_info", lambda: hardware.GPUInfo("NVIDIA H200", 141 * 2**30, (9, 0)))
+    peak, source = hardware.peak_flops("cuda", "bf16")
+    assert peak == 989e12 and "H200" in source
+    monkeypatch.setattr(hardware, "gpu_info", lambda: hardware.GPUInfo("NVIDIA A100-SXM4-40GB", 40 * 2**30, (8, 0)))
+    assert hardware.peak_flops("cuda", "fp32")[0] == 19.5e12
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_cpu_flags_agree_with_the_measured_matmul_speed(precision):
+    # The CPU flags decide 'native' vs 'emulated'; the measurement must agree:
+    # emulated dtypes run several times slower than fp32 (25-55x on AVX2-only
+    # CPUs), native ones at least not much slower.
+    slowdown = hardware.cpu_matmul_slowdown(precision)
+    if hardware.precision_support("cpu", precision) == "emulated":
+        assert slowdown > 3, f"{precision} is called emulated but measured only {slowdown:.1f}x slower"
+        assert "slower than fp32" in hardware.emulation_warning("cpu", precision)
+    else:
+        assert slowdown < 3, f"{precision} is called native but measured {slowdown:.1f}x slower"
+        assert hardware.emulation_warning("cpu", precision) is None
+
+
+def test_report_lists_precisions_peaks_and_versions():
+    report = hardware.hardware_report("cpu")
+    assert report.device == "cpu" and report.precisions["fp32"] == "native"
+    assert report.peak_tflops["fp32"] > 0
+    assert report.versions["torch"].startswith("2.")
+    assert "fp32" in str(report) and "<table>" in report._repr_html_()

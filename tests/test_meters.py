@@ -1,0 +1,39 @@
+"""Metric math on hand-picked numbers; memory readings on this machine."""
+
+import pytest
+import torch
+
+from workbench.meters import MemoryMeter, Throughput, mfu
+
+
+def test_throughput_divides_counts_by_the_interval():
+    t = Throughput.over(seconds=2.0, steps=10, samples=640, tokens=81920, flops=3e12)
+    assert (t.step_time_s, t.samples_per_sec, t.tokens_per_sec, t.tflops_per_sec) == (0.2, 320.0, 40960.0, 1.5)
+
+
+def test_throughput_without_tokens_or_flops_says_none():
+    t = Throughput.over(seconds=1.0, steps=1, samples=8, tokens=None, flops=None)
+    assert t.tokens_per_sec is None and t.tflops_per_sec is None
+
+
+def test_throughput_refuses_an_empty_interval():
+    with pytest.raises(ValueError, match="positive interval"):
+        Throughput.over(seconds=0.0, steps=1, samples=1, tokens=None, flops=None)
+
+
+def test_mfu_is_achieved_over_peak():
+    assert mfu(494.5, 989e12) == pytest.approx(0.5)
+    assert mfu(None, 1e12) is None and mfu(1.0, None) is None
+
+
+def test_cpu_meter_reads_rss_and_a_peak_that_resets():
+    meter = MemoryMeter("cpu")
+    assert meter.kind == "process RSS" and meter.reserved_bytes() is None
+    meter.reset_peak()
+    before = meter.peak_bytes()
+    big = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+    after = meter.peak_bytes()
+    assert meter.current_bytes() > 0
+    if meter.peak_is_per_phase:
+        assert after - before >= 60 * 2**20
+    del big
