@@ -15,23 +15,20 @@ class WrongAnswer(AssertionError):
     """An exercise answer that does not match what this machine measured."""
 
 
-def check(answer: Any, expected: Any, *, rel_tol: float = 0.0, hint: str = "") -> bool:
+def check(answer: Any, expected: Any, *, rel_tol: float = 0.0, hint: str = "") -> None:
     """Compare a learner's answer with the measured/computed value.
 
-    Returns True when correct, False when not answered yet; raises WrongAnswer
-    when answered wrongly.
+    Prints "Correct" or "Not answered yet"; raises WrongAnswer when answered wrongly.
 
     Example:
         >>> check(None, 42, hint="count the bytes")
         Not answered yet: replace None with your answer. Hint: count the bytes
-        False
         >>> check(41.9, 42, rel_tol=0.01)
         Correct: 41.9 (expected 42, within 1%)
-        True
     """
     if answer is None:
         print("Not answered yet: replace None with your answer." + (f" Hint: {hint}" if hint else ""))
-        return False
+        return
     if isinstance(expected, (int, float)) and not isinstance(expected, bool):
         ok = isinstance(answer, (int, float)) and math.isclose(answer, expected, rel_tol=rel_tol)
         tolerance = f", within {rel_tol:.0%}" if rel_tol else ""
@@ -40,4 +37,3 @@ def check(answer: Any, expected: Any, *, rel_tol: float = 0.0, hint: str = "") -
     if not ok:
         raise WrongAnswer(f"{answer!r} is not right; " + (hint or "look again at the cells above"))
     print(f"Correct: {answer!r} (expected {expected!r}{tolerance})")
-    return True
