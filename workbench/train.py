@@ -125,24 +125,24 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] | None = None, name: str | N
     state = _LoopState()
     status, message = "ok", ""
     try:
-        _train(cfg, name, accelerator, model, optimizer, loader, meter, peak, sinks, state)
-    except KeyboardInterrupt:
-        status, message = "interrupted", f"stopped by the user at step {state.step}"
-    except torch.OutOfMemoryError as error:
-        status, message = "oom", str(error).splitlines()[0]
-    except Exception as error:
-        message = f"{type(error).__name__}: {error}".splitlines()[0]
+        try:
+            _train(cfg, name, accelerator, model, optimizer, loader, meter, peak, sinks, state)
+        except KeyboardInterrupt:
+            status, message = "interrupted", f"stopped by the user at step {state.step}"
+        except torch.OutOfMemoryError as error:
+            status, message = "oom", str(error).splitlines()[0]
+        eval_loss = accuracy = None
+        if status == "ok" and cfg.eval_samples:
+            eval_loss, accuracy = evaluate(accelerator, model, bundle.test, cfg)
+        result = _make_result(cfg, name, status, message, state, model, optimizer, meter, peak,
+                              peak_source, eval_loss, accuracy, device, warnings, wall_start)
+    except BaseException as error:  # every sink hears how the run ended, whatever happened
+        failure = f"{type(error).__name__}: {error}".splitlines()[0]
         for sink in sinks:
-            sink.end(RunEnd(run_name=name, status="failed", steps_done=state.step, message=message,
+            sink.end(RunEnd(run_name=name, status="failed", steps_done=state.step, message=failure,
                             rank=accelerator.process_index))
         _free(accelerator)
         raise
-
-    eval_loss = accuracy = None
-    if status == "ok" and cfg.eval_samples:
-        eval_loss, accuracy = evaluate(accelerator, model, bundle.test, cfg)
-    result = _make_result(cfg, name, status, message, state, model, optimizer, meter, peak,
-                          peak_source, eval_loss, accuracy, device, warnings, wall_start)
     for sink in sinks:
         sink.end(RunEnd(run_name=name, status=status, steps_done=state.step, message=message,
                         summary=result.summary(), rank=accelerator.process_index))
