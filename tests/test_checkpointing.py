@@ -1,0 +1,96 @@
+"""checkpointing: checkpoint_sequential in segments, and the dial measured in one call."""
+
+import pytest
+import torch
+
+from workbench import RunConfig
+from workbench.checkpointing import Segments, checkpoint_sequential_forward, checkpointing_dial, segment_blocks
+from workbench.counters import SavedActivationCounter, count_flops, gpt_activation_bytes_formula
+from workbench.models import set_activation_checkpointing
+from workbench.probe import gradients, make_probe
+from workbench.train import loss_fn
+
+S, H, A, B = 16, 32, 2, 2
+TINY_GPT = RunConfig(model="gpt", preset="cpu-quick", seq_len=S, dims={"n_layer": 4, "n_head": A, "d_model": H})
+
+
+@pytest.fixture(scope="module")
+def probe():
+    return make_probe(TINY_GPT, samples=B)
+
+
+def test_segment_blocks_follows_checkpoint_sequential_and_rejects_impossible_counts():
+    assert segment_blocks(4, 1) == []
+    assert segment_blocks(6, 3) == [[0, 1], [2, 3]]
+    for bad in (0, 5, True):
+        with pytest.raises(ValueError, match="segments=.* must be a whole number from 1 to the 4 blocks"):
+            segment_blocks(4, bad)
+
+
+def test_checkpoint_sequential_forward_keeps_one_input_per_segment_and_the_same_gradients(probe):
+    model = probe.new_model()
+    x, y = probe.inputs, probe.labels
+    loss_fn(model(x), y).backward()
+    reference = gradients(model)
+    with SavedActivationCounter(model) as plain:
+        model(x)
+    model.zero_grad(set_to_none=True)
+    with SavedActivationCounter(model) as seq:
+        logits = checkpoint_sequential_forward(model, x, 2)
+    loss_fn(logits, y).backward()
+    # Blocks 0 and 1 form one checkpointed segment: their activations go, one input stays.
+    block = gpt_activation_bytes_formula(S, B, H, A, 1)
+    assert plain.bytes - seq.bytes == 2 * block - 4 * S * B * H
+    assert all(torch.equal(g, r) for g, r in zip(gradients(model), reference))
+    with pytest.raises(TypeError, match="workbench GPT"):
+        checkpoint_sequential_forward(torch.nn.Linear(2, 2), x, 2)
+
+
+def test_the_dial_measures_bytes_flops_time_and_peak_with_equal_gradients(probe):
+    model = probe.new_model()
+    dial = checkpointing_dial(model, probe.inputs, probe.labels,
+                              {"none": "none", "first": [0], "seq2": Segments(2), "all": "all"}, rounds=2)
+    none, first, all_ = dial.point("none"), dial.point("first"), dial.point("all")
+    per_block, kept = gpt_activation_bytes_formula(S, B, H, A, 1), 4 * S * B * H
+    assert none.saved_bytes - first.saved_bytes == per_block - kept
+    assert none.saved_bytes - all_.saved_bytes == 4 * (per_block - kept)
+    tokens = S * B
+    assert all_.flops - none.flops == 4 * tokens * (16 * H * H + 4 * H * S)  # forward less the last matmul
+    assert all(p.grad_difference == 0.0 for p in dial.points)
+    assert all(p.step_time_s > 0 for p in dial.points)
+    assert all_.peak_bytes < none.peak_bytes and all_.peak_kind == "tensor peak (MemTracker)"
+    assert dial.ratio("saved_bytes", "all") == all_.saved_bytes / none.saved_bytes
+    assert model.checkpointed == frozenset()  # left off
+    assert "saved activations" in dial._repr_html_() and "seq2" in str(dial)
+
+
+def test_the_dial_rejects_empty_settings_bad_rounds_and_unknown_names(probe):
+    model = probe.new_model()
+    with pytest.raises(ValueError, match="settings is empty"):
+        checkpointing_dial(model, probe.inputs, probe.labels, {})
+    with pytest.raises(ValueError, match="rounds=0"):
+        checkpointing_dial(model, probe.inputs, probe.labels, {"none": "none"}, rounds=0)
+    dial = checkpointing_dial(model, probe.inputs, probe.labels, {"none": "none"}, rounds=1)
+    with pytest.raises(KeyError, match="no dial setting 'al'"):
+        dial.point("al")
+
+
+def test_the_run_switch_and_the_dial_agree_on_saved_bytes(probe):
+    model = probe.new_model()
+    set_activation_checkpointing(model, "every_other")
+    with SavedActivationCounter(model) as saved:
+        loss_fn(model(probe.inputs), probe.labels)
+    dial = checkpointing_dial(model, probe.inputs, probe.labels, {"every other": "every_other"}, rounds=1)
+    assert dial.point("every other").saved_bytes == saved.bytes
+    assert dial.point("every other").flops == count_flops(
+        lambda: (set_activation_checkpointing(model, "every_other"), loss_fn(model(probe.inputs), probe.labels).backward()))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: the dial's peak is the CUDA allocator's there")
+def test_on_a_gpu_the_dial_reads_the_allocator_peak_and_checkpointing_lowers_it():
+    probe = make_probe(RunConfig(model="gpt", device="cuda", seq_len=256,
+                                 dims={"n_layer": 4, "n_head": 4, "d_model": 256}), samples=16)
+    dial = checkpointing_dial(probe.new_model(), probe.inputs, probe.labels, {"none": "none", "all": "all"}, rounds=3)
+    assert dial.point("all").peak_kind == "CUDA allocator peak"
+    assert dial.ratio("peak_bytes", "all") < 0.8 and dial.point("all").grad_difference <= 1e-5
