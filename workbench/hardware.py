@@ -161,11 +161,12 @@ def cpu_peak_flops(n: int = 512) -> float:
 def peak_flops(device: str, precision: str) -> tuple[float | None, str]:
     """(peak FLOP/s, where the figure comes from) for MFU."""
     if device == "cpu":
-        # Reduced precision on an emulating CPU runs at fp32 speed over the slowdown.
+        # Other dtypes: the fp32 peak scaled by their measured matmul speed, which is
+        # many times slower where they are emulated and faster where native (AMX, AVX512-BF16).
         peak = cpu_peak_flops()
-        if precision != "fp32" and precision_support("cpu", precision) == "emulated":
+        if precision != "fp32":
             peak /= cpu_matmul_slowdown(precision)
-        return peak, "measured here (fp32 matmul, current threads)"
+        return peak, "measured here (matmul in this dtype, current threads)"
     info = gpu_info()
     if info is None:
         return None, "no GPU"
@@ -181,8 +182,9 @@ def emulation_warning(device: str, precision: str) -> str | None:
     if device != "cpu" or precision_support(device, precision) != "emulated":
         return None
     slowdown = cpu_matmul_slowdown(precision)
+    missing = "AVX512-BF16/AMX-BF16" if precision == "bf16" else "AVX512-FP16/AMX-FP16"
     return (
-        f"{precision} is emulated on this CPU ({cpu_name()}: no AVX512-BF16/AMX): a {precision} "
+        f"{precision} is emulated on this CPU ({cpu_name()}: no {missing}): a {precision} "
         f"matmul measured {slowdown:.0f}x slower than fp32 here, so this run will be slower, "
         f"not faster. Memory effects (activation bytes) still show; speed-ups need a GPU."
     )
