@@ -39,6 +39,13 @@ _EXPORTS = {
     "format_bytes": "sinks",
     "Dashboard": "dashboard",
     "check": "exercises",
+    "launch": "launcher",
+    "launch_function": "launcher",
+    "LaunchError": "launcher",
+    "Estimate": "estimate",  # the function is workbench.estimate.estimate (a module of that name)
+    "parse_oom": "oom",
+    "plan": "planner",
+    "Target": "planner",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -61,9 +68,13 @@ if TYPE_CHECKING:
     from .config import ConfigError, RunConfig
     from .dashboard import Dashboard
     from .exercises import check
+    from .launcher import LaunchError, launch, launch_function
     from .data import load_data
     from .hardware import hardware_report
     from .models import build_model, set_activation_checkpointing
+    from .estimate import Estimate
+    from .oom import parse_oom
+    from .planner import Target, plan
     from .presets import get_preset
     from .result import MemoryBreakdown, RunResult
     from .sinks import RecordingSink, RunEnd, RunStart, Sink, StepRecord, TextSink, format_bytes

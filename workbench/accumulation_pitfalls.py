@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
+from accelerate import Accelerator
 from torch import nn
 
 from .accumulation import Rows, check_accum_steps
@@ -124,7 +125,10 @@ def partial_window_check(*, micro_batches: int, accum_steps: int) -> Rows:
     if micro_batches < 1:
         raise ValueError(f"micro_batches={micro_batches} must be at least 1")
     k = accum_steps
-    accelerator = make_accelerator(_plain_config(k))
+    # accelerate's own default (sync_with_dataloader=True) is what this shows; run()
+    # turns it off so that its windows are always k micro-batches long.
+    cpu = make_accelerator(_plain_config(k)).device.type == "cpu"  # also resets accelerate's state
+    accelerator = Accelerator(cpu=cpu, gradient_accumulation_steps=k)
     w = nn.Linear(1, 1, bias=False)
     nn.init.ones_(w.weight)
     optimizer = torch.optim.SGD(w.parameters(), lr=0.0)  # lr 0: w stays 1, grads stay exact

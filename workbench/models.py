@@ -184,8 +184,11 @@ class PretrainedClassifier(nn.Module):
         verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
+        from .quantize import quiet_torchao_logs  # transformers loads torchao when installed: quietly
+
         try:
-            self.hf = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=num_labels)
+            with quiet_torchao_logs():
+                self.hf = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=num_labels)
         finally:
             hf_logging.set_verbosity(verbosity)
             if bars:

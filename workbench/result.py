@@ -76,7 +76,15 @@ class RunResult:
     device: str
     warnings: tuple[str, ...] = ()
     wall_s: float = 0.0
+    num_processes: int = 1
+    """Data-parallel processes the run trained on (its samples_per_sec counts them all)."""
     extra: dict[str, Any] = field(default_factory=dict)
+    model: Any = field(default=None, repr=False, compare=False)
+    """The trained model (unwrapped, eval mode) when run(..., keep_model=True); else None."""
+    loss_scales: list[float] = field(default_factory=list)
+    """fp16: the GradScaler's scale at each log step (loss_steps); empty otherwise."""
+    skipped_steps: int = 0
+    """fp16: optimizer steps the GradScaler skipped (inf/NaN gradients); counted every step."""
 
     @property
     def final_loss(self) -> float | None:

@@ -9,8 +9,10 @@ records to sinks and never draws. The device syncs only at log steps, where
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import time
+import traceback
 from contextlib import nullcontext
 from collections.abc import Iterable, Iterator
 
@@ -18,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from . import hardware
+from . import hardware, oom, precision, resume
 from .config import RunConfig
 from .counters import SavedActivationCounter, gradient_bytes, optimizer_state_bytes, parameter_bytes
 from .meters import MemoryMeter, Throughput, mfu
@@ -51,31 +53,56 @@ def make_accelerator(cfg: RunConfig):
     """
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState, PartialState
+    from accelerate.utils import DataLoaderConfiguration, GradientAccumulationPlugin
 
     device = hardware.resolve_device(cfg.device)
     distributed = PartialState._shared_state.get("num_processes", 1) > 1
     AcceleratorState._reset_state(reset_partial_state=not distributed)
     GradientState._reset_state()
     mixed = {"fp32": "no", "fp16": "fp16", "bf16": "bf16"}[cfg.precision]
-    return Accelerator(
+    accelerator = Accelerator(
         cpu=device == "cpu",
         mixed_precision=mixed,
-        gradient_accumulation_steps=cfg.grad_accum_steps,
+        # technique: gradient accumulation. Windows run across epoch ends: by default
+        # accelerate would step a short last window at every epoch end, so a run of N
+        # steps would not be N windows of grad_accum_steps micro-batches.
+        gradient_accumulation_plugin=GradientAccumulationPlugin(
+            num_steps=cfg.grad_accum_steps, sync_with_dataloader=False),
+        # technique: input pipeline. With pinned batches the host-to-GPU copy can be
+        # asynchronous (non_blocking): it overlaps the previous step's GPU work.
+        dataloader_config=DataLoaderConfiguration(non_blocking=cfg.pin_memory),
+        # technique: precision. fp16's GradScaler knobs reach accelerate's GradScalerKwargs.
+        kwargs_handlers=precision.kwargs_handlers(cfg.precision, cfg.grad_scaler),
     )
+    # accelerate turns fp16 on only on accelerators; on a CPU it would silently train in
+    # fp32. This gives it torch.amp.GradScaler("cpu") and autocast, before prepare().
+    precision.enable_fp16_on_cpu(accelerator, cfg.grad_scaler)
+    return accelerator
 
 
-def _batches(loader: Iterable) -> Iterator[dict]:
-    """Loop over the loader forever: runs are counted in optimizer steps."""
-    epoch = 0
+def _batches(accelerator, loader: Iterable, position: resume.DataPosition) -> Iterator[dict]:
+    """Loop over the loader forever: runs are counted in optimizer steps. `position`
+    follows the data order, so a saved run resumes at the very next batch."""
     while True:
-        if hasattr(loader, "set_epoch"):
-            loader.set_epoch(epoch)  # a new, seeded shuffle each epoch
-        yield from loader
-        epoch += 1
+        try:
+            for batch in resume.epoch_loader(accelerator, loader, position):  # a new, seeded shuffle each epoch
+                position.batches_in_epoch += 1
+                yield batch
+        except Exception as error:
+            # technique: input pipeline. torch re-raises a DataLoader worker's error from a frame
+            # that keeps it in a local: a reference cycle that holds the loader's iterator until
+            # the garbage collector runs, and a collected iterator takes ~10 s to stop its
+            # workers. Clearing the finished frames frees it now: the workers stop at once.
+            traceback.clear_frames(error.__traceback__)
+            raise
+        position.epoch, position.batches_in_epoch = position.epoch + 1, 0
 
 
-def run(config: RunConfig, *, sinks: Iterable[Sink] | None = None, name: str | None = None) -> RunResult:
-    """Train one run and measure it.
+def run(config: RunConfig, *, sinks: Iterable[Sink] | None = None, name: str | None = None,
+        keep_model: bool = False) -> RunResult:
+    """Train one run and measure it. `keep_model=True` hands the trained model back in
+    `result.model` (unwrapped, in eval mode), e.g. to quantize it; by default it is
+    dropped so a notebook of many runs does not hold every model in memory.
 
     Example:
         >>> result = run(RunConfig(model="mlp", steps=20, preset="cpu-quick"), name="baseline")
@@ -95,21 +122,31 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] | None = None, name: str | N
 
     wall_start = time.perf_counter()
     accelerator = make_accelerator(cfg)
+    if config.epochs is not None and accelerator.num_processes > 1:
+        # An epoch is one pass over the data by all processes together (resolved() counted one).
+        cfg = dataclasses.replace(cfg, steps=max(1, -(-cfg.steps // accelerator.num_processes)))
     device = accelerator.device
     torch.manual_seed(cfg.seed)  # same weights and data order for every arm of a comparison
 
     bundle = load_data(cfg.data, seq_len=cfg.seq_len or 128, max_test=cfg.eval_samples or None, seed=cfg.seed)
     model = build_model(cfg.model, data=bundle, dims=cfg.dims)
     set_activation_checkpointing(model, cfg.activation_checkpointing)  # technique: checkpointing
+    if cfg.qat != "none":  # technique: QAT. Linear layers now fake-quantize in forward
+        from .quantize import prepare_qat
+
+        prepare_qat(model, bits=int(cfg.qat.removeprefix("int")))
     optimizer = make_optimizer(model, cfg)
     loader = build_dataloader(
         bundle.train, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed,
         num_workers=cfg.num_workers, pin_memory=cfg.pin_memory,  # technique: input pipeline
         prefetch_factor=cfg.prefetch_factor, persistent_workers=cfg.persistent_workers,
     )
-    # prepare() moves the model, wraps forward in autocast for fp16/bf16 and, for
-    # fp16 on a GPU, creates the GradScaler that accelerator.backward uses.
+    # prepare() moves the model and wraps its forward in autocast for fp16/bf16; the
+    # GradScaler that accelerator.backward uses for fp16 was made with the Accelerator.
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    state = _LoopState()
+    if cfg.resume_from:  # technique: save and resume. Model, optimizer, RNGs, data position, curve so far
+        resume.restore(accelerator, cfg, state, loader)
 
     meter = MemoryMeter(device)
     warnings = tuple(w for w in [hardware.emulation_warning(device.type, cfg.precision)] if w)
@@ -122,7 +159,6 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] | None = None, name: str | N
     for sink in sinks:
         sink.start(start)
 
-    state = _LoopState()
     status, message = "ok", ""
     try:
         try:
@@ -135,7 +171,8 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] | None = None, name: str | N
         if status == "ok" and cfg.eval_samples:
             eval_loss, accuracy = evaluate(accelerator, model, bundle.test, cfg)
         result = _make_result(cfg, name, status, message, state, model, optimizer, meter, peak,
-                              peak_source, eval_loss, accuracy, device, warnings, wall_start)
+                              peak_source, eval_loss, accuracy, device, warnings, wall_start,
+                              accelerator.num_processes)
     except BaseException as error:  # every sink hears how the run ended, whatever happened
         failure = f"{type(error).__name__}: {error}".splitlines()[0]
         for sink in sinks:
@@ -148,6 +185,8 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] | None = None, name: str | N
                         summary=result.summary(), rank=accelerator.process_index))
     if status != "ok":
         _free(accelerator)
+    elif keep_model:
+        result = dataclasses.replace(result, model=accelerator.unwrap_model(model, keep_fp32_wrapper=False).eval())
     return result
 
 
@@ -167,6 +206,9 @@ class _LoopState:
         self.activation_bytes: int | None = None
         self.flops_per_step: int | None = None
         self.start_memory: int | None = None
+        self.data_position = resume.DataPosition()  # epoch and batch: where a resumed run goes on
+        self.skipped_steps = 0
+        self.loss_scales: list[float] = []
 
 
 def _train(cfg, name, accelerator, model, optimizer, loader, meter, peak, sinks, state) -> None:
@@ -174,14 +216,14 @@ def _train(cfg, name, accelerator, model, optimizer, loader, meter, peak, sinks,
     model.train()
     meter.reset_peak()  # the peak from here on is this run's
     state.start_memory = meter.current_bytes()
-    batches = _batches(loader)
+    batches = _batches(accelerator, loader, state.data_position)
     running_loss = torch.zeros((), device=accelerator.device)  # summed on device: no sync per step
     micro_in_window = 0
     samples = tokens = 0
     wait = 0.0
     flops = 0
     interval_start = time.perf_counter()
-    interval_first_step = 1
+    interval_first_step = state.step + 1  # 1, or the step after the last of a resumed run
 
     while state.step < cfg.steps:
         fetch_start = time.perf_counter()
@@ -204,6 +246,10 @@ def _train(cfg, name, accelerator, model, optimizer, loader, meter, peak, sinks,
             if accelerator.sync_gradients and cfg.max_grad_norm:
                 accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
             optimizer.step()
+            # fp16: the GradScaler skips an update whose gradients hold inf/NaN (and
+            # halves its scale). It has synced to find out already, so reading is free.
+            if accelerator.sync_gradients and optimizer.step_was_skipped:
+                state.skipped_steps += 1
             optimizer.zero_grad(set_to_none=True)
         running_loss += loss.detach()
         micro_in_window += 1
@@ -215,6 +261,13 @@ def _train(cfg, name, accelerator, model, optimizer, loader, meter, peak, sinks,
         state.step += 1
         if probe:
             state.flops_per_step = flops
+            if cfg.memory_budget_bytes is not None:
+                # A simulated device memory (a CPU has none to run out of): the exact counts
+                # of this step against the budget; over it, the same torch.OutOfMemoryError
+                # a GPU raises, so run() ends it through the same 'oom' path.
+                oom.check_budget(cfg.memory_budget_bytes, activation_bytes=state.activation_bytes or 0,
+                                 model_state_bytes=parameter_bytes(model) + gradient_bytes(model, expected=True)
+                                 + optimizer_state_bytes(optimizer))
         is_log_step = state.step % cfg.log_every == 0 or state.step == cfg.steps
         if probe and not is_log_step:
             # Restart the clock after the probe step: it carries the counters'
@@ -226,13 +279,19 @@ def _train(cfg, name, accelerator, model, optimizer, loader, meter, peak, sinks,
         if not is_log_step:
             continue
         # Log step: the only device sync in the loop (.item() waits for the GPU).
-        mean_loss = (running_loss / micro_in_window).item()
+        window_loss = running_loss / micro_in_window
+        if accelerator.num_processes > 1:  # data parallel: the loss of the whole global batch
+            window_loss = accelerator.reduce(window_loss, reduction="mean")
+        mean_loss = window_loss.item()
         running_loss.zero_()
         micro_in_window = 0
         now = time.perf_counter()
         steps_in_interval = state.step - interval_first_step + 1
         state.loss_steps.append(state.step)
         state.losses.append(mean_loss)
+        scale = precision.loss_scale(accelerator)  # fp16 only: the GradScaler's scale now
+        if scale is not None:
+            state.loss_scales.append(scale)
         rates = Throughput.over(seconds=now - interval_start, steps=steps_in_interval,
                                 samples=samples * accelerator.num_processes,
                                 tokens=tokens * accelerator.num_processes if is_text else None,
@@ -253,9 +312,12 @@ def _train(cfg, name, accelerator, model, optimizer, loader, meter, peak, sinks,
             memory_reserved_bytes=meter.reserved_bytes(), memory_kind=meter.kind,
             activation_bytes=state.activation_bytes, data_wait_s=wait / steps_in_interval,
             lr=optimizer.param_groups[0]["lr"], rank=accelerator.process_index,
+            extra={} if scale is None else {"loss_scale": scale, "skipped_steps": state.skipped_steps},
         )
         for sink in sinks:
             sink.log(record)
+        if cfg.save_state_dir and (state.step % (cfg.save_every or cfg.steps) == 0 or state.step == cfg.steps):
+            resume.save(accelerator, cfg, state)  # technique: save and resume (at log steps: windows line up)
         interval_start, interval_first_step = time.perf_counter(), state.step + 1
         samples = tokens = 0
         wait = 0.0
@@ -269,9 +331,13 @@ def evaluate(accelerator, model, dataset, cfg: RunConfig) -> tuple[float, float]
 
     plain = accelerator.unwrap_model(model, keep_fp32_wrapper=False)
     plain.eval()
+    # Uneven shares across processes: with accelerate's default (even_batches) the last
+    # processes would repeat samples to even out, and the reduced sums would count them.
+    even_batches, accelerator.even_batches = accelerator.even_batches, False
     loader = accelerator.prepare_data_loader(
         build_dataloader(dataset, batch_size=max(cfg.batch_size, 64), shuffle=False, seed=cfg.seed, drop_last=False)
     )
+    accelerator.even_batches = even_batches
     loss_sum = torch.zeros((), device=accelerator.device, dtype=torch.float64)
     correct = torch.zeros((), device=accelerator.device, dtype=torch.float64)
     count = torch.zeros((), device=accelerator.device, dtype=torch.float64)
@@ -287,7 +353,7 @@ def evaluate(accelerator, model, dataset, cfg: RunConfig) -> tuple[float, float]
 
 
 def _make_result(cfg, name, status, message, state, model, optimizer, meter, peak, peak_source,
-                 eval_loss, accuracy, device, warnings, wall_start) -> RunResult:
+                 eval_loss, accuracy, device, warnings, wall_start, num_processes=1) -> RunResult:
     timed = state.timed_seconds > 0 and state.timed_steps > 0
     rates = Throughput.over(
         seconds=state.timed_seconds, steps=state.timed_steps, samples=state.timed_samples,
@@ -317,7 +383,8 @@ def _make_result(cfg, name, status, message, state, model, optimizer, meter, pea
         mfu=mfu(rates.tflops_per_sec, peak) if rates else None, peak_flops_source=peak_source,
         data_wait_fraction=state.data_wait_s / state.timed_seconds if timed else None,
         memory=memory, eval_loss=eval_loss, accuracy=accuracy, device=device.type,
-        warnings=warnings, wall_s=time.perf_counter() - wall_start,
+        warnings=warnings, wall_s=time.perf_counter() - wall_start, num_processes=num_processes,
+        loss_scales=state.loss_scales, skipped_steps=state.skipped_steps,
     )
 
 

@@ -1,0 +1,165 @@
+"""launch(): the same RunConfig on N processes from a notebook, records back to the parent."""
+
+import time
+
+import accelerate.utils
+import pytest
+
+from workbench import RunConfig, run
+from workbench import train
+from workbench.launcher import LaunchError, check_world_size, launch, launch_function
+from workbench.sinks import RecordingSink
+
+TINY = dict(model="mlp", data="digits", steps=8, log_every=2, dims={"hidden": (32,)}, eval_samples=100)
+
+
+def test_two_processes_of_batch_b_train_like_one_process_of_batch_2b():
+    one = run(RunConfig(**TINY, batch_size=32), sinks=[], name="1 x 32")
+    sink = RecordingSink()
+    two = launch(RunConfig(**TINY, batch_size=16), num_processes=2, sinks=[sink], name="2 x 16")
+    assert two.status == "ok" and two.num_processes == 2 and one.num_processes == 1
+    # The same global batches in the same order; only the summation order of the
+    # gradient differs (two halves all-reduced), so the curves agree to float rounding.
+    assert two.loss_steps == one.loss_steps == [2, 4, 6, 8]
+    assert two.losses == pytest.approx(one.losses, abs=1e-5)
+    assert two.eval_loss == pytest.approx(one.eval_loss, abs=1e-5)
+    assert two.accuracy == one.accuracy  # every held-out sample counted once, none twice
+    # The parent's sinks saw rank 0's records, live: its loss is the mean over both processes.
+    assert [r.step for r in sink.steps] == [2, 4, 6, 8] and {r.rank for r in sink.steps} == {0}
+    assert [r.loss for r in sink.steps] == two.losses
+    assert len(sink.starts) == 1 and sink.ends[-1].status == "ok"
+    processes = two.extra["processes"]
+    assert [p["rank"] for p in processes] == [0, 1] and {p["world_size"] for p in processes} == {2}
+    assert {p["threads"] for p in processes} == {1}  # OMP_NUM_THREADS=1 shared by two children
+
+
+def test_processes_that_do_not_form_one_world_fail_loudly(monkeypatch):
+    real = accelerate.utils.patch_environment
+
+    def world_of_one(**env):  # what a plain Accelerator() under notebook_launcher on CPU gets
+        return real(**{**env, "world_size": 1})
+
+    monkeypatch.setattr(accelerate.utils, "patch_environment", world_of_one)
+    sink = RecordingSink()
+    result = launch(RunConfig(**TINY, batch_size=16), num_processes=2, sinks=[sink], timeout_s=60)
+    assert result.status == "failed" and "formed a world of 1" in result.message
+    assert "cpu=True" in result.message and result.steps_done == 0
+    assert sink.ends[-1].status == "failed"
+
+
+def test_check_world_size_names_the_fix():
+    check_world_size(2, 2, rank=0)
+    with pytest.raises(LaunchError, match="2 processes were started but they formed a world of 1; .*ACCELERATE_USE_CPU=1"):
+        check_world_size(1, 2, rank=1)
+
+
+def test_a_child_that_raises_returns_a_failed_result_with_its_traceback(monkeypatch, capsys):
+    real_loss = train.loss_fn
+    calls = []
+
+    def loss_fn(logits, labels):  # rank 1 fails at its third micro-batch; rank 0 is mid all-reduce
+        import torch.distributed as dist
+
+        calls.append(1)
+        if dist.get_rank() == 1 and len(calls) == 3:
+            raise ValueError("rank 1 read a corrupt batch")
+        return real_loss(logits, labels)
+
+    monkeypatch.setattr(train, "loss_fn", loss_fn)  # the forked children inherit it
+    sink = RecordingSink()
+    began = time.monotonic()
+    result = launch(RunConfig(**{**TINY, "log_every": 1}, batch_size=16), num_processes=2, sinks=[sink],
+                    timeout_s=60, name="flaky")
+    assert time.monotonic() - began < 30  # returned on the failure, long before the timeout
+    assert result.status == "failed" and result.message == "ValueError: rank 1 read a corrupt batch"
+    assert "Traceback" in result.extra["traceback"] and "loss_fn" in result.extra["traceback"]
+    # The cause, not its echo: rank 0 then fails too, in the all-reduce rank 1 never joins.
+    assert result.extra["traceback"].startswith("process 1 failed first")
+    assert result.loss_steps == [1, 2]  # the curve up to the failure came back
+    assert sink.ends[-1].status == "failed"
+    assert "Traceback" in capsys.readouterr().err  # shown where the learner looks
+
+
+class _InterruptAtStep:
+    """The learner presses stop (KeyboardInterrupt in the notebook's process) at step `at`."""
+
+    def __init__(self, at):
+        self.at = at
+
+    def start(self, record): ...
+
+    def log(self, record):
+        if record.step >= self.at:
+            raise KeyboardInterrupt
+
+    def end(self, record): ...
+
+
+def test_an_interrupt_in_the_notebook_stops_the_children_and_keeps_the_curve():
+    sink = RecordingSink()
+    result = launch(RunConfig(**{**TINY, "steps": 200}, batch_size=16), num_processes=2,
+                    sinks=[sink, _InterruptAtStep(4)], timeout_s=60)
+    assert result.status == "interrupted" and result.loss_steps == [2, 4]
+    assert sink.ends[-1].status == "interrupted"
+
+
+def _sleep_forever():
+    time.sleep(600)
+
+
+def test_a_hung_child_is_stopped_at_the_timeout():
+    began = time.monotonic()
+    with pytest.raises(LaunchError, match=r"timed out after 2 s"):
+        launch_function(_sleep_forever, num_processes=2, device="cpu", timeout_s=2)
+    assert time.monotonic() - began < 15
+
+
+def _world():
+    import os
+
+    from accelerate import PartialState
+
+    state = PartialState()
+    return state.process_index, state.num_processes, os.getpid()
+
+
+def test_launch_function_runs_on_connected_processes_and_returns_their_values():
+    import os
+
+    values = launch_function(_world, num_processes=2, device="cpu", timeout_s=60)
+    assert [v[:2] for v in values] == [(0, 2), (1, 2)]
+    assert os.getpid() not in {v[2] for v in values}
+
+
+def test_launch_rejects_bad_arguments_before_starting_anything():
+    with pytest.raises(ValueError, match="num_processes=0 must be a whole number >= 1"):
+        launch(RunConfig(**TINY, batch_size=16), num_processes=0, sinks=[])
+    with pytest.raises(ValueError, match="start_method='thread' is not known; use 'auto', 'fork'"):
+        launch(RunConfig(**TINY, batch_size=16), num_processes=2, sinks=[], start_method="thread")
+
+
+def test_two_processes_save_and_resume_to_the_same_curve(tmp_path):
+    cfg = RunConfig(**{**TINY, "eval_samples": 0}, batch_size=16)
+    whole = launch(cfg, num_processes=2, sinks=[])
+    first = launch(RunConfig(**{**TINY, "eval_samples": 0, "steps": 4}, batch_size=16, save_state_dir=str(tmp_path)),
+                   num_processes=2, sinks=[])
+    rest = launch(RunConfig(**{**TINY, "eval_samples": 0}, batch_size=16, resume_from=str(tmp_path)),
+                  num_processes=2, sinks=[])
+    assert first.status == rest.status == "ok"
+    assert sorted(p.name for p in (tmp_path / "step_000004").glob("random_states_*")) == [
+        "random_states_0.pkl", "random_states_1.pkl"]  # every process's RNGs
+    assert rest.losses == whole.losses  # bit for bit, on CPU
+
+
+def test_spawned_children_work_too():
+    # spawn is what the launcher uses when CUDA is already initialised in the notebook
+    values = launch_function(_world, num_processes=2, device="cpu", timeout_s=120, start_method="spawn")
+    assert [v[:2] for v in values] == [(0, 2), (1, 2)]
+
+
+def test_an_epoch_on_two_processes_is_one_pass_over_the_data_by_both():
+    # digits: 1,437 images, 22 batches of 64: one process takes 22 steps, two take 11 each.
+    cfg = RunConfig(model="mlp", data="digits", epochs=1, batch_size=64, log_every=11, dims={"hidden": (32,)},
+                    eval_samples=0)
+    assert cfg.resolved().steps == 22
+    assert launch(cfg, num_processes=2, sinks=[]).steps_done == 11

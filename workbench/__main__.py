@@ -1,0 +1,7 @@
+"""`python -m workbench --help`: see cli.py."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

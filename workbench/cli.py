@@ -1,0 +1,139 @@
+"""`python -m workbench ...`: the same runs headless, and under accelerate launch or torchrun.
+
+Every RunConfig field is a flag, read off the dataclass (names, types and the
+docstrings under the fields), so a field added to RunConfig is a flag at once:
+`--batch-size 32`, `--dims '{"hidden": [64]}'`, `--pin-memory / --no-pin-memory`.
+Each process runs the same command; accelerate (started by `accelerate launch`,
+`torchrun` or alone) forms the process group from the environment. Rank 0 prints
+the text log and the result, and writes `--json` when asked.
+
+Example:
+    $ python -m workbench --model mlp --steps 20
+    $ ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 -m workbench --model mlp
+    $ torchrun --nproc_per_node 4 -m workbench --model gpt --precision bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from .config import ConfigError, RunConfig
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring written under each dataclass field (the one place they live)."""
+    try:
+        tree = ast.parse(inspect.getsource(cls))
+    except (OSError, TypeError):  # no source shipped: flags without help text
+        return {}
+    docs, body = {}, tree.body[0].body
+    for node, after in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)):
+            docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def _json_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not JSON ({error.msg}): {text!r}") from None
+
+
+def _converter(annotation: str) -> Any:
+    """argparse `type=` for a field's annotation (a string: `from __future__ import annotations`)."""
+    kinds = {part.strip() for part in annotation.split("|")} - {"None"}
+    if any(kind.startswith("dict") for kind in kinds):
+        return _json_value
+    if kinds == {"int"}:
+        return int
+    if kinds <= {"int", "float"}:
+        return float
+    return str  # str, paths, and 'str | bool' (activation_checkpointing takes its names)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m workbench",
+        description="Train one workbench run headless. Every RunConfig field is a flag; unset flags "
+                    "take the preset's value ($WORKBENCH_PRESET). Works under `accelerate launch` and torchrun.",
+    )
+    docs = field_docs(RunConfig)
+    for field in dataclasses.fields(RunConfig):
+        flag = "--" + field.name.replace("_", "-")
+        names = [flag, "--" + field.name] if "_" in field.name else [flag]  # accelerate's CLI takes both
+        help_text = docs.get(field.name, "")
+        if field.type == "bool":
+            parser.add_argument(flag, dest=field.name, action=argparse.BooleanOptionalAction,
+                                default=None, help=help_text)
+        else:
+            parser.add_argument(*names, dest=field.name, type=_converter(str(field.type)), default=None,
+                                metavar=field.name.upper(), help=help_text)
+    parser.add_argument("--name", help="the run's name in the log")
+    parser.add_argument("--json", metavar="PATH", help="rank 0 writes the result's figures here as JSON")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """The RunConfig the flags describe (unset flags keep the dataclass defaults)."""
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunConfig)
+             if getattr(args, f.name) is not None}
+    return RunConfig(**given)
+
+
+class _MainProcessOnly:
+    """Passes rank 0's records on: every process logs, one prints."""
+
+    def __init__(self, sink: Any) -> None:
+        self.sink = sink
+
+    def start(self, record: Any) -> None:
+        if record.rank == 0:
+            self.sink.start(record)
+
+    def log(self, record: Any) -> None:
+        if record.rank == 0:
+            self.sink.log(record)
+
+    def end(self, record: Any) -> None:
+        if record.rank == 0:
+            self.sink.end(record)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the flags, run, print; the process's exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except ConfigError as error:
+        parser.error(str(error))  # one line, exit status 2
+    from .sinks import TextSink
+    from .train import run
+
+    result = run(config, sinks=[_MainProcessOnly(TextSink())], name=args.name)
+    # RANK is set by every launcher (accelerate launch, torchrun); absent: one process.
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"{result!r}; {result.num_processes} process(es); accuracy "
+              f"{'n/a' if result.accuracy is None else f'{result.accuracy:.4f}'}", flush=True)
+        if args.json:
+            figures = {**result.summary(), "name": result.name, "num_processes": result.num_processes,
+                       "loss_steps": result.loss_steps, "losses": result.losses,
+                       "eval_loss": result.eval_loss}
+            with open(args.json, "w") as out:
+                json.dump(figures, out, indent=1)
+    return 0 if result.status == "ok" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
