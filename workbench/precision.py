@@ -134,7 +134,7 @@ def evaluation_dtypes(precision: str, *, device: str = "auto") -> list[tuple[str
 
     accelerate bakes autocast into the prepared model's forward, so an outer context that
     turns autocast off does not reach inside; only unwrapping with keep_fp32_wrapper=False
-    (what `train.evaluate` does) evaluates in fp32.
+    (what `loop_state.evaluate` does) evaluates in fp32.
     """
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState

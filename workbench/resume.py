@@ -40,7 +40,7 @@ LOOP_FILE = "workbench_loop.json"
 # resuming with another value would not continue the same run.
 MUST_MATCH = ("model", "data", "dims", "seq_len", "batch_size", "grad_accum_steps", "optimizer",
               "lr", "weight_decay", "precision", "seed")
-# The loop's history (train._LoopState attributes) that a resumed run carries on.
+# The loop's history (loop_state.LoopState attributes) that a resumed run carries on.
 LOOP_FIELDS = ("step", "loss_steps", "losses", "activation_bytes", "flops_per_step",
                "skipped_steps", "loss_scales")
 
