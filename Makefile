@@ -4,7 +4,7 @@ PY := $(if $(VIRTUAL_ENV)$(CONDA_PREFIX),python,.venv/bin/python)
 .PHONY: lab test setup browser benchmark
 
 setup:
-	@bash scripts/setup.sh lab,test
+	@bash scripts/setup.sh lab,test,quantization
 
 # Chromium (apt, needs root) for the real-browser dashboard test; where it cannot be
 # installed the browser test skips and says why.

@@ -8,7 +8,7 @@
 # stamp records what was installed and nothing is done while it still matches.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extras="${1:-lab,test}"
+extras="${1:-lab,test,quantization}"
 
 if [[ -n "${VIRTUAL_ENV:-}" || -n "${CONDA_PREFIX:-}" ]]; then
   py=python

@@ -51,3 +51,13 @@ def test_report_lists_precisions_peaks_and_versions():
     assert report.peak_tflops["fp32"] > 0
     assert report.versions["torch"].startswith("2.")
     assert "fp32" in str(report) and "<table>" in report._repr_html_()
+
+
+def test_measuring_the_machine_leaves_the_global_rng_alone():
+    import torch
+
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    hardware._time_matmul(torch.float32, 16, 1)
+    assert torch.equal(torch.rand(3), expected)

@@ -127,9 +127,11 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] | None = None, name: str | N
         # An epoch is one pass over the data by all processes together (resolved() counted one).
         cfg = dataclasses.replace(cfg, steps=max(1, -(-cfg.steps // accelerator.num_processes)))
     device = accelerator.device
-    torch.manual_seed(cfg.seed)  # same weights and data order for every arm of a comparison
 
     bundle = load_data(cfg.data, seq_len=cfg.seq_len or 128, max_test=cfg.eval_samples or None, seed=cfg.seed)
+    # Seeded after loading: a first, uncached load may draw from the RNG, and every arm
+    # of a comparison must start from the same weights.
+    torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, data=bundle, dims=cfg.dims)
     set_activation_checkpointing(model, cfg.activation_checkpointing)  # technique: checkpointing
     if cfg.qat != "none":  # technique: QAT. Linear layers now fake-quantize in forward
