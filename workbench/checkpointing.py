@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint_sequential
 
-from .comparison import html_table
+from .comparison import figure_html, html_table
 from .counters import SavedActivationCounter, note_saved
 from .models import GPT, set_activation_checkpointing
 from .probe import gradients, max_relative_difference, step_peak
@@ -168,15 +168,10 @@ class Dial:
               "ms / step", "x none", "peak", "grad difference"]
 
     def _repr_html_(self) -> str:
-        import base64
-        import io
-
-        buf = io.BytesIO()
-        self.figure.savefig(buf, format="png", dpi=90, bbox_inches="tight")
         caption = (f"checkpointing dial: times are medians of {self.rounds} interleaved rounds; "
                    f"peak = {self.points[0].peak_kind}")
         return (html_table(self.rows(), header=self.header, caption=caption)
-                + f"<img src='data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}'/>")
+                + figure_html(self.figure))
 
     def __str__(self) -> str:
         lines = [self.header, *self.rows()]

@@ -41,6 +41,13 @@ def metric(result: RunResult, name: str) -> float | None:
     return getattr(result, name)
 
 
+def figure_html(figure, *, tight: bool = True) -> str:
+    """A matplotlib figure as an inline <img>: a saved notebook shows it on the web."""
+    buf = io.BytesIO()
+    figure.savefig(buf, format="png", dpi=90, bbox_inches="tight" if tight else None)
+    return f"<img src='data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}'/>"
+
+
 def html_table(rows: Sequence[Sequence[Any]], *, header: Sequence[str] = (), caption: str = "") -> str:
     esc = lambda v: html.escape(str(v))  # noqa: E731
     parts = ["<table>"]
@@ -129,13 +136,8 @@ class Comparison:
             self._figure = comparison_figure(self.results)
         return self._figure
 
-    def _png_base64(self) -> str:
-        buf = io.BytesIO()
-        self.figure.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-        return base64.b64encode(buf.getvalue()).decode()
-
     def _repr_html_(self) -> str:
-        return self.table.to_html() + f"<img src='data:image/png;base64,{self._png_base64()}'/>"
+        return self.table.to_html() + figure_html(self.figure)
 
     def __str__(self) -> str:
         return str(self.table)

@@ -38,6 +38,10 @@ from workbench.sinks import RunEnd, RunStart, Sink, StepRecord, TextSink, format
 
 _BAR_STYLE = {"running": "info", "ok": "success", "interrupted": "warning"}  # others: danger
 _MAX_SHOWN_ERRORS = 5
+# The share of the run's wall time each part of the view may take: after each update
+# the next waits at least (its cost / budget), so a redraw of 20 ms waits 2 s. The
+# intervals given to Dashboard() are the floor (the fastest it ever updates).
+_VIEW_BUDGET = 0.01
 
 
 def _shell() -> Any:
@@ -139,7 +143,7 @@ class Dashboard:
         self.values: dict[str, str] = {}  # the numbers last shown, by key: for tests
         self.numbers_updates = self.plot_redraws = self.errors_seen = 0
         self.last_png: bytes | None = None
-        self._plot_every = plot_interval_s
+        self._plot_every, self._numbers_every = plot_interval_s, numbers_interval_s
         self._last_numbers = self._last_plot = -math.inf
         self._displayed_in: int | None = None
         self._static: Any = None  # the display handle of this cell's static plot
@@ -207,7 +211,7 @@ class Dashboard:
         if record.rank != 0 or not self._guard("log", self._record, record):
             return
         now = self.clock()
-        if now - self._last_numbers >= self.numbers_interval_s:
+        if now - self._last_numbers >= self._numbers_every:
             self._last_numbers = now
             self._guard("numbers", self._draw_numbers)
         if now - self._last_plot >= self._plot_every:
@@ -314,6 +318,7 @@ class Dashboard:
         record = view.last if view is not None else None
         if record is None:
             return
+        began = time.perf_counter()
         self.progress.value = min(record.step, self.progress.max)
         if view.status == "running":
             # The run's mean is steadier than the last interval; the first log step
@@ -353,6 +358,7 @@ class Dashboard:
             for key, label, value in rows if value is not None
         ) + "</div>"
         self.numbers_updates += 1
+        self._numbers_every = max(self.numbers_interval_s, (time.perf_counter() - began) / _VIEW_BUDGET)
 
     def _draw_plot(self) -> None:
         view = self.current
@@ -367,7 +373,7 @@ class Dashboard:
         self.last_png = self.plot.value = buffer.getvalue()
         self.plot_redraws += 1
         # A slow machine draws less often rather than slowing the run down.
-        self._plot_every = max(self.plot_interval_s, 20 * (time.perf_counter() - began))
+        self._plot_every = max(self.plot_interval_s, (time.perf_counter() - began) / _VIEW_BUDGET)
 
     def _show_static(self) -> None:
         """Leave the final plot in the cell's outputs as a PNG a saved notebook keeps."""

@@ -205,17 +205,11 @@ class SweepView:
         return fig
 
     def _repr_html_(self) -> str:
-        import base64
-        import io
+        from .comparison import figure_html, html_table
 
-        from .comparison import html_table
-
-        buffer = io.BytesIO()
-        self.figure().savefig(buffer, format="png", dpi=90)
         header = ["run", "workers", "prefetch", "batch", "data wait (ms/step)", "compute (ms/step)",
                   "waiting", "samples/s", "x first"]
-        png = base64.b64encode(buffer.getvalue()).decode()
-        return html_table(self.rows(), header=header) + f"<img src='data:image/png;base64,{png}'/>"
+        return html_table(self.rows(), header=header) + figure_html(self.figure(), tight=False)
 
     def __repr__(self) -> str:
         return "\n".join("  ".join(map(str, row)) for row in self.rows())

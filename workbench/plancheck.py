@@ -211,15 +211,9 @@ class Scorecard:
         return self._figure
 
     def _repr_html_(self) -> str:
-        import base64
-        import io
+        from .comparison import figure_html, html_table
 
-        from .comparison import html_table
-
-        buf = io.BytesIO()
-        self.figure.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-        png = base64.b64encode(buf.getvalue()).decode()
-        return html_table(self.rows(), header=self.header) + f"<img src='data:image/png;base64,{png}'/>"
+        return html_table(self.rows(), header=self.header) + figure_html(self.figure)
 
     def __str__(self) -> str:
         from .comparison import Table

@@ -21,7 +21,6 @@ Example:
 
 from __future__ import annotations
 
-import base64
 import io
 import statistics
 import time
@@ -32,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .comparison import Table, html_table
+from .comparison import Table, figure_html, html_table
 from .sinks import format_bytes
 
 
@@ -260,11 +259,7 @@ class QuantComparison:
         r = self.results[0]
         caption = (f"{r.samples} held-out examples; latency: median of {len(r.latency_times_s)} batches "
                    f"of {r.batch_size}, {r.threads} thread(s), warm-up excluded")
-        buffer = io.BytesIO()
-        self.figure.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
-        png = base64.b64encode(buffer.getvalue()).decode()
-        return html_table(self.table.rows, header=self.table.header, caption=caption) + \
-            f"<img src='data:image/png;base64,{png}'/>"
+        return html_table(self.table.rows, header=self.table.header, caption=caption) + figure_html(self.figure)
 
     def __str__(self) -> str:
         return str(self.table)
