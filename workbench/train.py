@@ -10,6 +10,7 @@ records to sinks and never draws. The device syncs only at log steps, where
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import time
 import traceback
@@ -44,6 +45,18 @@ def make_optimizer(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.Optimi
     return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
+def _cache_accelerate_package_check() -> None:
+    """accelerate (1.15) asks importlib whether `lomo_optim` is installed twice in every
+    optimizer.step(): ~160 µs a step, 2% of a small model's 7 ms step, measured with
+    cProfile. Installed packages do not change during a run, so the answer is cached,
+    in accelerate.optimizer's namespace only."""
+    import accelerate.optimizer as accelerate_optimizer
+
+    check = accelerate_optimizer.is_lomo_available
+    if not hasattr(check, "cache_info"):
+        accelerate_optimizer.is_lomo_available = functools.cache(check)
+
+
 def make_accelerator(cfg: RunConfig):
     """A fresh Accelerator for this config.
 
@@ -56,6 +69,7 @@ def make_accelerator(cfg: RunConfig):
     from accelerate.state import AcceleratorState, GradientState, PartialState
     from accelerate.utils import DataLoaderConfiguration, GradientAccumulationPlugin
 
+    _cache_accelerate_package_check()
     device = hardware.resolve_device(cfg.device)
     distributed = PartialState._shared_state.get("num_processes", 1) > 1
     AcceleratorState._reset_state(reset_partial_state=not distributed)
