@@ -90,11 +90,10 @@ class Estimate:
         return self.counted_bytes + self.buffer_bytes + self.temporary_bytes
 
     def rows(self) -> list[tuple[str, str]]:
+        from .result import counted_rows
+
         return [
-            ("parameters", format_bytes(self.parameter_bytes)),
-            ("gradients", format_bytes(self.gradient_bytes)),
-            ("optimizer state", format_bytes(self.optimizer_state_bytes)),
-            ("saved activations (one micro-batch)", format_bytes(self.activation_bytes)),
+            *counted_rows(self),
             ("buffers", format_bytes(self.buffer_bytes)),
             ("temporaries (estimated)", format_bytes(self.temporary_bytes)),
             ("predicted peak", format_bytes(self.peak_bytes)),

@@ -9,6 +9,16 @@ from .config import RunConfig
 from .sinks import format_bytes
 
 
+def counted_rows(counts: Any) -> list[tuple[str, str]]:
+    """The four exact counts of a step, labelled (a MemoryBreakdown or an Estimate)."""
+    return [
+        ("parameters", format_bytes(counts.parameter_bytes)),
+        ("gradients", format_bytes(counts.gradient_bytes)),
+        ("optimizer state", format_bytes(counts.optimizer_state_bytes)),
+        ("saved activations (one micro-batch)", format_bytes(counts.activation_bytes)),
+    ]
+
+
 @dataclass(frozen=True, slots=True)
 class MemoryBreakdown:
     """Exact bytes of one training step, plus the measured peak.
@@ -35,10 +45,7 @@ class MemoryBreakdown:
 
     def rows(self) -> list[tuple[str, str]]:
         return [
-            ("parameters", format_bytes(self.parameter_bytes)),
-            ("gradients", format_bytes(self.gradient_bytes)),
-            ("optimizer state", format_bytes(self.optimizer_state_bytes)),
-            ("saved activations (one micro-batch)", format_bytes(self.activation_bytes)),
+            *counted_rows(self),
             (f"peak ({self.peak_kind})", format_bytes(self.peak_bytes)),
             ("peak increase during training", format_bytes(self.peak_increase_bytes)),
         ]
