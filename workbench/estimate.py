@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -204,12 +205,20 @@ def _measure(model_name: str, spec_key: tuple, dims: tuple, precision: str, chec
         tracker.track_external(model)
         autocast = (torch.autocast("cpu", dtype=_AUTOCAST[precision]) if precision in _AUTOCAST
                     else contextlib.nullcontext())
-        with tracker, FlopCounterMode(display=False) as flops:
-            with SavedActivationCounter(model) as saved:
-                with autocast:  # as accelerate wraps forward: autocast inside, fp32 outputs out
-                    logits = model(inputs)
-                loss = loss_fn(logits.float(), labels)
-            loss.backward()
+        # The tracked peak depends on when fake tensors are freed: by reference counts
+        # alone, it is the same everywhere; a garbage collection landing mid-step (its
+        # timing depends on everything the process allocated before) would move it.
+        gc.collect()
+        gc.disable()
+        try:
+            with tracker, FlopCounterMode(display=False) as flops:
+                with SavedActivationCounter(model) as saved:
+                    with autocast:  # as accelerate wraps forward: autocast inside, fp32 outputs out
+                        logits = model(inputs)
+                    loss = loss_fn(logits.float(), labels)
+                loss.backward()
+        finally:
+            gc.enable()
         peak = {getattr(k, "value", k): v for k, v in next(iter(tracker.get_tracker_snapshot("peak").values())).items()}
         # Temporaries: what the peak holds beyond model state and the saved activations.
         temporary = peak["Total"] - peak["Parameter"] - peak["Buffer"] - peak["Gradient"] - saved.bytes

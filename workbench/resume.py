@@ -39,7 +39,7 @@ LOOP_FILE = "workbench_loop.json"
 # Config fields that decide the model's shapes, the data order or the update rule:
 # resuming with another value would not continue the same run.
 MUST_MATCH = ("model", "data", "dims", "seq_len", "batch_size", "grad_accum_steps", "optimizer",
-              "lr", "weight_decay", "precision", "seed")
+              "lr", "weight_decay", "precision", "seed", "qat")
 # The loop's history (loop_state.LoopState attributes) that a resumed run carries on.
 LOOP_FIELDS = ("step", "loss_steps", "losses", "activation_bytes", "flops_per_step",
                "skipped_steps", "loss_scales")
