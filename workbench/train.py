@@ -244,9 +244,12 @@ def _train(cfg, name, accelerator, model, optimizer, loader, meter, peak, sinks,
             optimizer.step()
             # fp16: the GradScaler skips an update whose gradients hold inf/NaN (and
             # halves its scale). It has synced to find out already, so reading is free.
-            if accelerator.sync_gradients and optimizer.step_was_skipped:
-                state.skipped_steps += 1
-            optimizer.zero_grad(set_to_none=True)
+            if accelerator.sync_gradients:
+                state.skipped_steps += optimizer.step_was_skipped
+                # The same as optimizer.zero_grad(set_to_none=True) at the end of a window;
+                # accelerate's version inspects a signature on every call (110 us a step,
+                # measured: 1.5% of a small model's step).
+                model.zero_grad(set_to_none=True)
         running_loss += loss.detach()
         micro_in_window += 1
         samples += batch["labels"].shape[0]
