@@ -61,3 +61,14 @@ def test_measuring_the_machine_leaves_the_global_rng_alone():
     torch.manual_seed(0)
     hardware._time_matmul(torch.float32, 16, 1)
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_a_onednn_cap_below_avx512_makes_bf16_emulated(monkeypatch):
+    hardware.cpu_flags.cache_clear()
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    try:
+        assert not any(f.startswith(("avx512", "amx")) for f in hardware.cpu_flags())
+        assert hardware.precision_support("cpu", "bf16") == "emulated"
+    finally:
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+        hardware.cpu_flags.cache_clear()

@@ -33,9 +33,15 @@ def model() -> nn.Module:
 @pytest.fixture(scope="module")
 def data(model) -> Data:
     torch.manual_seed(1)
-    x = torch.randn(96, 64)
+    pool = torch.randn(480, 64)
     with torch.no_grad():
-        return Data(x, model(x).argmax(-1))  # labels = the fp32 model's answers: accuracy 1.0
+        logits = model(pool)
+    # An untrained model's logits lie close together, and how many near-ties int8 rounding
+    # flips depends on the CPU's int8 kernels (VNNI or AVX2). Keep the 96 inputs the fp32
+    # model answers most clearly (largest top-2 gap): there, quantizing should agree.
+    top2 = logits.topk(2, dim=-1).values
+    x = pool[(top2[:, 0] - top2[:, 1]).argsort(descending=True)[:96]]
+    return Data(x, model(x).argmax(-1).detach())  # labels = the fp32 model's answers: accuracy 1.0
 
 
 def test_linear_weight_bytes_count_values_scales_and_zero_points_exactly(model):
@@ -72,8 +78,7 @@ def test_every_ptq_path_keeps_the_original_model_and_agrees_with_it(model, data)
                 wq.static_int8(model, data.inputs)]
     for i, quantized in enumerate(variants):
         r = measure(quantized, data, name=f"v{i}", baseline=base, repeats=2)
-        # an untrained model's logits lie close together, so rounding flips a few answers
-        assert r.agreement >= 0.85, f"variant {i} changed {1 - r.agreement:.0%} of predictions"
+        assert r.agreement >= 0.95, f"variant {i} changed {1 - r.agreement:.0%} of predictions"
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
 
 

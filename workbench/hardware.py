@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import os
 import platform
 import shutil
 import subprocess
@@ -71,14 +72,26 @@ def gpu_info() -> GPUInfo | None:
 
 @functools.cache
 def cpu_flags() -> frozenset[str]:
+    """The CPU's instruction-set flags that torch's CPU kernels may use.
+
+    ONEDNN_MAX_CPU_ISA caps what oneDNN (torch's CPU matmul library) uses, e.g. AVX2
+    on a CPU that has AVX512-BF16: then bf16 is emulated, whatever /proc/cpuinfo says.
+    """
+    flags: frozenset[str] = frozenset()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
+                    flags = frozenset(line.split(":", 1)[1].split())
+                    break
     except OSError:
         pass
-    return frozenset()
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
+    if cap and cap != "ALL" and "AVX512" not in cap and "AMX" not in cap:
+        flags = frozenset(f for f in flags if not f.startswith(("avx512", "amx")))
+    elif cap and cap != "ALL" and "AMX" not in cap:
+        flags = frozenset(f for f in flags if not f.startswith("amx"))
+    return flags
 
 
 @functools.cache
