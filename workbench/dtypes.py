@@ -162,9 +162,8 @@ def inspect_precision(config: Any) -> PrecisionReport:
 
     cfg = config.resolved()
     device = resolve_device(cfg.device)
-    torch.manual_seed(cfg.seed)  # the same weights run() starts from
     bundle = load_data(cfg.data, seq_len=cfg.seq_len or 128, max_test=1, seed=cfg.seed)
-    model = build_model(cfg.model, data=bundle, dims=cfg.dims).to(device)
+    model = build_model(cfg.model, data=bundle, dims=cfg.dims, seed=cfg.seed).to(device)  # run()'s weights
     loader = build_dataloader(bundle.train, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed)
     batch = next(iter(loader))
     return inspect_model(model, batch["inputs"], batch["labels"], precision=cfg.precision, device=device)

@@ -278,11 +278,15 @@ def _suggest_data(task: str) -> str:
     return f"; use data={names[0]!r}" if names else ""
 
 
-def build_model(name: str, *, data: Any, dims: Mapping[str, Any]) -> nn.Module:
+def build_model(name: str, *, data: Any, dims: Mapping[str, Any], seed: int | None = None) -> nn.Module:
     """Build the model `name` for the data bundle `data`, sized by the preset's `dims`.
 
-    Seeding is the caller's job: call torch.manual_seed before building.
+    With `seed`, the global RNG is seeded right before the weights are drawn: every
+    caller that must start from run()'s weights (probes, dtype inspection) passes the
+    config's seed here rather than seeding earlier, where loading data could draw first.
     """
+    if seed is not None:
+        torch.manual_seed(seed)
     if name not in MODELS:
         raise ValueError(f"model={name!r} is not a model; choose one of {', '.join(MODELS)}")
     task = _TASKS[name]

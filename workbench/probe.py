@@ -42,8 +42,7 @@ class Probe:
         """The model `run()` builds for this config: same seed, so the same weights; in train mode."""
         from .models import build_model
 
-        torch.manual_seed(self.config.seed)
-        model = build_model(self.config.model, data=self.data, dims=self.config.dims)
+        model = build_model(self.config.model, data=self.data, dims=self.config.dims, seed=self.config.seed)
         return model.to(self.inputs.device).train()
 
 

@@ -143,10 +143,8 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] | None = None, name: str | N
     device = accelerator.device
 
     bundle = load_data(cfg.data, seq_len=cfg.seq_len or 128, max_test=cfg.eval_samples or None, seed=cfg.seed)
-    # Seeded after loading: a first, uncached load may draw from the RNG, and every arm
-    # of a comparison must start from the same weights.
-    torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, data=bundle, dims=cfg.dims)
+    # Every arm of a comparison starts from the same weights (seeded as they are drawn).
+    model = build_model(cfg.model, data=bundle, dims=cfg.dims, seed=cfg.seed)
     set_activation_checkpointing(model, cfg.activation_checkpointing)  # technique: checkpointing
     if cfg.qat != "none":  # technique: QAT. Linear layers now fake-quantize in forward
         from .quantize import prepare_qat
