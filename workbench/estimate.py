@@ -38,14 +38,12 @@ import torch
 from torch import nn
 
 from .config import RunConfig
+from .data import DATASETS
 from .sinks import format_bytes
 
 __all__ = ["Estimate", "estimate", "accelerate_estimate", "input_spec"]
 
-# What a data set feeds the model, without loading it: (task, one example's input shape,
-# classes, vocabulary). tests/test_estimate.py checks these against load_data().
-_IMAGE_SHAPES = {"mnist": (1, 28, 28), "digits": (1, 8, 8)}
-_BYTE_VOCAB = 256
+_BYTE_VOCAB = 256  # the byte-level language-modelling data
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -127,8 +125,9 @@ def input_spec(config: RunConfig, *, vocab_size: int | None = None) -> SimpleNam
         raise ValueError("model='minilm' is not supported by estimate(); estimate model='gpt' "
                          "with MiniLM's dims (n_layer=6, d_model=384) instead")
     if cfg.model in ("mlp", "cnn"):
-        return SimpleNamespace(name=cfg.data, task="image_classification", input_shape=_IMAGE_SHAPES[cfg.data],
-                               num_classes=10, vocab_size=None, pad_token_id=None)
+        info = DATASETS[cfg.data]  # its shape and classes are known without loading it
+        return SimpleNamespace(name=cfg.data, task=info.task, input_shape=info.input_shape,
+                               num_classes=info.num_classes, vocab_size=None, pad_token_id=None)
     if vocab_size is not None and vocab_size < 2:
         raise ValueError(f"vocab_size={vocab_size} must be at least 2; pass e.g. vocab_size=50257")
     return SimpleNamespace(name=cfg.data, task="language_modeling", input_shape=(cfg.seq_len,),
