@@ -39,8 +39,8 @@ def bare_step_time(model_name: str, steps: int) -> float:
     import torch
     import torch.nn.functional as F
 
-    from workbench.data import build_dataloader, load_data
-    from workbench.models import build_model
+    from workbench.core.data import build_dataloader, load_data
+    from workbench.core.models import build_model
 
     cfg = _config(model_name, steps)
     torch.manual_seed(cfg.seed)

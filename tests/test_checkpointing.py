@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from workbench import RunConfig
-from workbench.checkpointing import Segments, checkpoint_sequential_forward, checkpointing_dial, segment_blocks
-from workbench.counters import SavedActivationCounter, count_flops, gpt_activation_bytes_formula
-from workbench.models import set_activation_checkpointing
-from workbench.probe import gradients, make_probe
-from workbench.train import loss_fn
+from workbench.techniques.checkpointing import Segments, checkpoint_sequential_forward, checkpointing_dial, segment_blocks
+from workbench.measure.counters import SavedActivationCounter, count_flops, gpt_activation_bytes_formula
+from workbench.core.models import set_activation_checkpointing
+from workbench.measure.probe import gradients, make_probe
+from workbench.core.models import loss_fn
 
 S, H, A, B = 16, 32, 2, 2
 TINY_GPT = RunConfig(model="gpt", preset="cpu-quick", seq_len=S, dims={"n_layer": 4, "n_head": A, "d_model": H})

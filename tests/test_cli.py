@@ -10,7 +10,7 @@ import pytest
 
 from workbench import RunConfig, run
 from workbench.cli import build_parser, config_from_args, field_docs, main
-from workbench.launcher import free_port
+from workbench.engine.launch import free_port
 
 FLAGS = ["--model", "mlp", "--data", "digits", "--steps", "4", "--log-every", "2",
          "--dims", '{"hidden": [32]}', "--eval-samples", "0"]

@@ -2,8 +2,8 @@
 
 import pytest
 
-from workbench import hardware
-from workbench.config import ConfigError, RunConfig
+from workbench.core import hardware
+from workbench.core.config import ConfigError, RunConfig
 
 
 def _error(**kwargs) -> str:

@@ -11,9 +11,10 @@ import pytest
 pytest.importorskip("ipywidgets")
 pytest.importorskip("matplotlib")
 
-from workbench import dashboard as dashboard_module  # noqa: E402
-from workbench.dashboard import Dashboard, default_sinks, headless_reason  # noqa: E402
-from workbench.sinks import RunEnd, RunStart, StepRecord, TextSink  # noqa: E402
+from workbench.views import dashboard as dashboard_module  # noqa: E402
+from workbench.views.dashboard import Dashboard, default_sinks, headless_reason  # noqa: E402
+from workbench.measure.records import RunEnd, RunStart, StepRecord
+from workbench.views.sinks import TextSink
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -261,7 +262,7 @@ def test_default_sinks_is_the_shared_dashboard_in_a_live_notebook(monkeypatch):
 
 def test_importing_the_dashboard_module_stays_light():
     code = (
-        "import sys, workbench.dashboard; "
+        "import sys, workbench.views.dashboard; "
         "heavy = [m for m in ('ipywidgets', 'matplotlib', 'IPython') if m in sys.modules]; "
         "assert not heavy, heavy"
     )

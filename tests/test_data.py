@@ -1,4 +1,4 @@
-"""Tests for workbench.data: real offline data sets, fixed splits, seeded loaders.
+"""Tests for workbench.core.data.datasets: real offline data sets, fixed splits, seeded loaders.
 
 Nothing here touches the network: hub names are tested with a mocked
 `datasets.load_dataset` that returns small local data sets.
@@ -10,20 +10,20 @@ import numpy as np
 import pytest
 import torch
 
-from workbench import data as D
-from workbench import sources
-from workbench.data import DATASETS, build_dataloader, load_data
+from workbench.core.data import catalog, load, tables
+from workbench.core.data import sources
+from workbench.core.data import DATASETS, build_dataloader, load_data
 
 TASKS = {"image_classification", "text_classification", "language_modeling"}
 
 
 @pytest.fixture(scope="module")
-def mnist() -> D.DataBundle:
+def mnist() -> catalog.DataBundle:
     return load_data("mnist")
 
 
 @pytest.fixture(scope="module")
-def rotten() -> D.DataBundle:
+def rotten() -> catalog.DataBundle:
     return load_data("rotten_tomatoes")
 
 
@@ -36,14 +36,14 @@ def test_registry_declares_a_valid_task_and_compatible_models_for_every_data_set
     assert DATASETS["rotten_tomatoes_lm"].models == ("gpt",)
 
 
-def test_mnist_split_is_4000_train_1000_test(mnist: D.DataBundle) -> None:
+def test_mnist_split_is_4000_train_1000_test(mnist: catalog.DataBundle) -> None:
     assert (len(mnist.train), len(mnist.test)) == (4000, 1000)
     assert (DATASETS["mnist"].train_size, DATASETS["mnist"].test_size) == (4000, 1000)
     assert mnist.task == "image_classification" and mnist.num_classes == 10
     assert mnist.input_shape == (1, 28, 28) and mnist.tokens_per_sample is None
 
 
-def test_mnist_items_are_normalised_float_images_with_int64_labels(mnist: D.DataBundle) -> None:
+def test_mnist_items_are_normalised_float_images_with_int64_labels(mnist: catalog.DataBundle) -> None:
     item = mnist.train[0]
     assert set(item) == {"inputs", "labels"}
     assert item["inputs"].shape == (1, 28, 28) and item["inputs"].dtype == torch.float32
@@ -52,7 +52,7 @@ def test_mnist_items_are_normalised_float_images_with_int64_labels(mnist: D.Data
     assert abs(x.mean().item()) < 0.05 and abs(x.std().item() - 1) < 0.05
 
 
-def test_mnist_split_is_stratified_because_the_file_is_sorted_by_label(mnist: D.DataBundle) -> None:
+def test_mnist_split_is_stratified_because_the_file_is_sorted_by_label(mnist: catalog.DataBundle) -> None:
     assert mnist.train.labels.bincount().tolist() == [400] * 10
     assert mnist.test.labels.bincount().tolist() == [100] * 10
 
@@ -66,7 +66,7 @@ def test_digits_split_is_1437_train_360_test_of_8x8_images() -> None:
     assert set(digits.test.labels.tolist()) == set(range(10))
 
 
-def test_rotten_tomatoes_sizes_shapes_and_padding_match_the_registry(rotten: D.DataBundle) -> None:
+def test_rotten_tomatoes_sizes_shapes_and_padding_match_the_registry(rotten: catalog.DataBundle) -> None:
     info = DATASETS["rotten_tomatoes"]
     assert (len(rotten.train), len(rotten.test)) == (info.train_size, info.test_size)
     assert rotten.train.inputs.shape == (info.train_size, 128)
@@ -77,7 +77,7 @@ def test_rotten_tomatoes_sizes_shapes_and_padding_match_the_registry(rotten: D.D
     assert (rotten.train.inputs[:, -1] == rotten.pad_token_id).float().mean() > 0.9  # short snippets
 
 
-def test_rotten_tomatoes_labels_are_binary_and_roughly_balanced(rotten: D.DataBundle) -> None:
+def test_rotten_tomatoes_labels_are_binary_and_roughly_balanced(rotten: catalog.DataBundle) -> None:
     for split in (rotten.train, rotten.test):
         assert set(split.labels.unique().tolist()) == {0, 1}
         assert 0.5 < split.labels.float().mean().item() < 0.65  # 58% fresh in the file
@@ -102,12 +102,12 @@ def test_lm_labels_are_inputs_shifted_by_one() -> None:
 
 def test_lm_sizes_depend_on_seq_len_and_train_size_predicts_them() -> None:
     lm = load_data("rotten_tomatoes_lm", seq_len=256)
-    assert (len(lm.train), len(lm.test)) == D.split_sizes("rotten_tomatoes_lm", 256)
-    assert D.train_size("rotten_tomatoes_lm", 256) == len(lm.train)
+    assert (len(lm.train), len(lm.test)) == catalog.split_sizes("rotten_tomatoes_lm", 256)
+    assert catalog.train_size("rotten_tomatoes_lm", 256) == len(lm.train)
     assert 0.04 < len(lm.test) / (len(lm.train) + len(lm.test)) < 0.06
-    assert D.train_size("rotten_tomatoes_lm", 64) > D.train_size("rotten_tomatoes_lm", 256)
-    assert D.train_size("mnist", 64) == 4000 and D.split_sizes("mnist") == (4000, 1000)
-    assert D.train_size("hub:someone/something") is None and D.split_sizes("hub:x/y") is None
+    assert catalog.train_size("rotten_tomatoes_lm", 64) > catalog.train_size("rotten_tomatoes_lm", 256)
+    assert catalog.train_size("mnist", 64) == 4000 and catalog.split_sizes("mnist") == (4000, 1000)
+    assert catalog.train_size("hub:someone/something") is None and catalog.split_sizes("hub:x/y") is None
 
 
 def test_unknown_name_error_names_the_field_and_lists_valid_names() -> None:
@@ -119,10 +119,10 @@ def test_unknown_name_error_names_the_field_and_lists_valid_names() -> None:
         assert name in message
     assert "'hub:<name>'" in message
     with pytest.raises(ValueError, match="data='mnits'"):
-        D.train_size("mnits")
+        catalog.train_size("mnits")
 
 
-def test_max_train_keeps_the_first_n_after_a_seeded_shuffle(mnist: D.DataBundle) -> None:
+def test_max_train_keeps_the_first_n_after_a_seeded_shuffle(mnist: catalog.DataBundle) -> None:
     a = load_data("mnist", max_train=100, seed=1)
     b = load_data("mnist", max_train=100, seed=2)
     assert len(a.train) == 100 and len(a.test) == 1000
@@ -142,8 +142,8 @@ def test_max_test_subset_is_the_same_for_every_run_seed() -> None:
 
 def test_max_train_subsample_is_the_same_after_the_cache_is_cleared() -> None:
     first = load_data("mnist", max_train=50, max_test=30, seed=3)
-    D._load_cached.cache_clear()
-    D._prepared.cache_clear()
+    load._load_cached.cache_clear()
+    tables._prepared.cache_clear()
     again = load_data("mnist", max_train=50, max_test=30, seed=3)
     assert first is not again
     assert torch.equal(first.train.inputs, again.train.inputs) and torch.equal(first.test.labels, again.test.labels)
@@ -164,7 +164,7 @@ def _order(loader: torch.utils.data.DataLoader) -> list[int]:
 
 
 def test_dataloader_order_is_reproducible_with_the_same_seed() -> None:
-    ds = D.TensorDictDataset(torch.zeros(64, 3), torch.arange(64))
+    ds = catalog.TensorDictDataset(torch.zeros(64, 3), torch.arange(64))
     first = _order(build_dataloader(ds, batch_size=8, shuffle=True, seed=5))
     torch.manual_seed(123)  # the global RNG must not matter
     assert _order(build_dataloader(ds, batch_size=8, shuffle=True, seed=5)) == first
@@ -173,7 +173,7 @@ def test_dataloader_order_is_reproducible_with_the_same_seed() -> None:
     assert _order(build_dataloader(ds, batch_size=8, shuffle=False, seed=5)) == list(range(64))
 
 
-def test_dataloader_yields_dict_batches_and_drops_the_last_partial_batch(mnist: D.DataBundle) -> None:
+def test_dataloader_yields_dict_batches_and_drops_the_last_partial_batch(mnist: catalog.DataBundle) -> None:
     loader = build_dataloader(mnist.test, batch_size=300, shuffle=False, seed=0)
     batches = list(loader)
     assert len(batches) == 3
@@ -182,14 +182,14 @@ def test_dataloader_yields_dict_batches_and_drops_the_last_partial_batch(mnist: 
 
 
 def test_dataloader_ignores_worker_options_without_workers() -> None:
-    ds = D.TensorDictDataset(torch.zeros(8, 2), torch.arange(8))
+    ds = catalog.TensorDictDataset(torch.zeros(8, 2), torch.arange(8))
     loader = build_dataloader(ds, batch_size=4, shuffle=True, seed=0, prefetch_factor=4,
                               persistent_workers=True, pin_memory=True)
     assert len(list(loader)) == 2
 
 
 def test_dataloader_with_a_worker_process_gives_the_same_order() -> None:
-    ds = D.TensorDictDataset(torch.zeros(32, 2), torch.arange(32))
+    ds = catalog.TensorDictDataset(torch.zeros(32, 2), torch.arange(32))
     single = _order(build_dataloader(ds, batch_size=4, shuffle=True, seed=9))
     worker = build_dataloader(ds, batch_size=4, shuffle=True, seed=9, num_workers=1, prefetch_factor=2)
     assert _order(worker) == single

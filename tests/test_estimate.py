@@ -7,9 +7,9 @@ import time
 import pytest
 
 from workbench import RunConfig, run
-from workbench.counters import gpt_activation_bytes_formula, gpt_flops_formula
-from workbench.data import load_data
-from workbench.estimate import (_freeze, _measure, _per_micro_batch, _spec_key, accelerate_estimate, estimate,
+from workbench.measure.counters import gpt_activation_bytes_formula, gpt_flops_formula
+from workbench.core.data import load_data
+from workbench.measure.estimate import (_freeze, _measure, _per_micro_batch, _spec_key, accelerate_estimate, estimate,
                                 input_spec)
 
 BIG = dict(n_layer=32, n_head=32, d_model=2560)  # GPT-Neo 2.7B's shape, the seed's "3B"
@@ -25,7 +25,7 @@ def test_input_specs_match_what_load_data_builds():
 
 
 def test_every_image_data_set_declares_the_shape_load_data_serves():
-    from workbench.data import DATASETS
+    from workbench.core.data import DATASETS
 
     for name, info in DATASETS.items():
         if info.task == "image_classification":

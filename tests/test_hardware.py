@@ -2,7 +2,7 @@
 
 import pytest
 
-from workbench import hardware
+from workbench.core import hardware
 
 
 def test_fp32_is_always_native():

@@ -6,9 +6,9 @@ import accelerate.utils
 import pytest
 
 from workbench import RunConfig, run
-from workbench import train
-from workbench.launcher import LaunchError, check_world_size, launch, launch_function
-from workbench.sinks import RecordingSink
+from workbench.engine import train
+from workbench.engine.launch import LaunchError, check_world_size, launch, launch_function
+from workbench.views.sinks import RecordingSink
 
 TINY = dict(model="mlp", data="digits", steps=8, log_every=2, dims={"hidden": (32,)}, eval_samples=100)
 

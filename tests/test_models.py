@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from workbench.counters import SavedActivationCounter, count_flops, gpt_activation_bytes_formula
-from workbench.models import (
+from workbench.measure.counters import SavedActivationCounter, count_flops, gpt_activation_bytes_formula
+from workbench.core.models import (
     GPT,
     MLP,
     MODELS,

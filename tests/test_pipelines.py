@@ -17,10 +17,12 @@ import torch
 from PIL import Image
 
 from workbench import RunConfig, run
-from workbench import pipeline_bench as bench
-from workbench import pipelines as pl
-from workbench.data import DATASETS, MNIST_MEAN, MNIST_STD, build_dataloader, image_pixels, load_data
-from workbench.sinks import RecordingSink
+from workbench.techniques import pipeline_bench as bench
+from workbench.core.data import files
+from workbench.techniques import input_pipelines as pl
+from workbench.core.data import DATASETS, build_dataloader, image_pixels, load_data
+from workbench.core.data.catalog import MNIST_MEAN, MNIST_STD
+from workbench.views.sinks import RecordingSink
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -75,13 +77,13 @@ def test_mnist_files_are_the_4000_training_digits_in_a_temp_dir_outside_the_repo
 
 
 def test_file_sets_left_by_killed_processes_are_removed_and_live_ones_kept(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(pl.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(files.tempfile, "tempdir", str(tmp_path))
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     orphan, live, other = tmp_path / f"wb-x-{dead.pid}-abc", tmp_path / f"wb-x-{os.getpid()}-def", tmp_path / "wb-x-odd"
     for d in (orphan, live, other):
         d.mkdir()
-    pl._remove_orphans("wb-x-")
+    files._remove_orphans("wb-x-")
     assert not orphan.exists() and live.exists() and other.exists()
 
 
@@ -150,7 +152,7 @@ def test_a_run_whose_worker_fails_reports_the_sample_and_stops_its_workers(monke
     def broken(image):
         raise OSError("disk read error")
 
-    monkeypatch.setattr(pl, "augment", broken)
+    monkeypatch.setattr(files, "augment", broken)
     sink = RecordingSink()
     # seed=987: a data set of its own (load_data caches by arguments), built with the broken transform
     config = RunConfig(model="mlp", data="mnist_files", steps=4, num_workers=2, eval_samples=0, seed=987,

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from workbench import RunConfig
-from workbench.estimate import estimate
-from workbench.oom import parse_oom
-from workbench.plancheck import max_micro_batch, search_micro_batch, verify
-from workbench.planner import Target, explain, plan
+from workbench.measure.estimate import estimate
+from workbench.measure.oom import parse_oom
+from workbench.techniques.plancheck import max_micro_batch, search_micro_batch, verify
+from workbench.techniques.planning import Target, explain, plan
 
 MiB = 2**20
 BUDGET = 16 * MiB

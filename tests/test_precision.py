@@ -6,14 +6,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from workbench import ConfigError, RunConfig, hardware, run
-from workbench import precision as precision_module
-from workbench.counters import SavedActivationCounter, gpt_activation_bytes_formula
-from workbench.dtypes import autocast_policy, inspect_model, inspect_precision
-from workbench.models import GPT
-from workbench.precision import (SCALER_DEFAULTS, accelerate_setup, gpt_activation_bytes_autocast,
-                                 loss_saved_bytes, simulate_scaler, steps_for)
-from workbench.sinks import RecordingSink
+from workbench import ConfigError, RunConfig, run
+from workbench.core import hardware
+from workbench.techniques import mixed_precision as precision_module
+from workbench.measure.counters import SavedActivationCounter, gpt_activation_bytes_formula
+from workbench.techniques.autocast_dtypes import autocast_policy, inspect_model, inspect_precision
+from workbench.core.models import GPT
+from workbench.core.precisions import SCALER_DEFAULTS
+from workbench.techniques.mixed_precision import accelerate_setup, gpt_activation_bytes_autocast, loss_saved_bytes, simulate_scaler, steps_for
+from workbench.views.sinks import RecordingSink
 
 TINY = dict(model="mlp", data="digits", batch_size=32, steps=4, log_every=1, dims={"hidden": (32,)}, eval_samples=64)
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"))]

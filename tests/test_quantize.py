@@ -1,4 +1,4 @@
-"""PTQ and QAT (workbench.quantize) and their measurements (workbench.quant_report), on CPU."""
+"""PTQ and QAT (workbench.techniques.quantization) and their measurements (workbench.techniques.quant_report), on CPU."""
 
 import logging
 import statistics
@@ -8,8 +8,9 @@ import torch
 from torch import nn
 
 import workbench as wb
-from workbench import quantize as wq
-from workbench.quant_report import QuantResult, compare_quantized, linear_weight_bytes, measure, size_on_disk
+from workbench.core import torchao_support
+from workbench.techniques import quantization as wq
+from workbench.techniques.quant_report import QuantResult, compare_quantized, linear_weight_bytes, measure, size_on_disk
 
 pytest.importorskip("torchao", reason="torchao is optional: the 'quantization' extra")
 
@@ -158,7 +159,7 @@ def test_run_hands_back_the_trained_model_only_when_asked():
 
 
 def test_missing_torchao_gives_the_install_command(monkeypatch):
-    monkeypatch.setattr(wq, "torchao_available", lambda: False)
+    monkeypatch.setattr(torchao_support, "torchao_available", lambda: False)
     with pytest.raises(ImportError, match=r"torchao is not installed; pip install --no-deps 'torchao>=0.18"):
         wq.intx_config(4)
 

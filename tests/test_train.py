@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from workbench import RunConfig, run
-from workbench.models import parameter_count
-from workbench.sinks import RecordingSink
+from workbench.core.models import parameter_count
+from workbench.views.sinks import RecordingSink
 
 TINY = dict(model="mlp", data="digits", batch_size=32, steps=12, log_every=4, dims={"hidden": (32,)}, eval_samples=100)
 
@@ -100,7 +100,7 @@ def test_gpt_runs_with_checkpointing_and_saves_fewer_activation_bytes():
 
 
 def test_bf16_autocast_runs_on_cpu_and_warns_when_emulated():
-    from workbench import hardware
+    from workbench.core import hardware
 
     result = run(RunConfig(**{**TINY, "precision": "bf16", "steps": 2, "log_every": 1}), sinks=[], name="bf16")
     assert result.status == "ok"

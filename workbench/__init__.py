@@ -16,36 +16,37 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-# public name -> module that defines it
+# public name -> module that defines it (the layers: core, measure, engine, views, techniques)
 _EXPORTS = {
-    "RunConfig": "config",
-    "ConfigError": "config",
-    "run": "train",
-    "RunResult": "result",
-    "MemoryBreakdown": "result",
-    "compare": "comparison",
-    "Comparison": "comparison",
-    "hardware_report": "hardware",
-    "get_preset": "presets",
-    "load_data": "data",
-    "build_model": "models",
-    "set_activation_checkpointing": "models",
-    "Sink": "sinks",
-    "TextSink": "sinks",
-    "RecordingSink": "sinks",
-    "RunStart": "sinks",
-    "StepRecord": "sinks",
-    "RunEnd": "sinks",
-    "format_bytes": "sinks",
-    "Dashboard": "dashboard",
-    "check": "exercises",
-    "launch": "launcher",
-    "launch_function": "launcher",
-    "LaunchError": "launcher",
-    "Estimate": "estimate",  # the function is workbench.estimate.estimate (a module of that name)
-    "parse_oom": "oom",
-    "plan": "planner",
-    "Target": "planner",
+    "RunConfig": "core.config",
+    "ConfigError": "core.config",
+    "run": "api",
+    "launch": "api",
+    "RunResult": "measure.result",
+    "MemoryBreakdown": "measure.result",
+    "compare": "views.compare",
+    "Comparison": "views.compare",
+    "hardware_report": "core.hardware",
+    "get_preset": "core.presets",
+    "load_data": "core.data",
+    "build_model": "core.models",
+    "set_activation_checkpointing": "core.models",
+    "Sink": "measure.records",
+    "RunStart": "measure.records",
+    "StepRecord": "measure.records",
+    "RunEnd": "measure.records",
+    "TextSink": "views.sinks",
+    "RecordingSink": "views.sinks",
+    "format_bytes": "core.report",
+    "Dashboard": "views.dashboard",
+    "check": "techniques.exercises",
+    "launch_function": "engine.launch",
+    "LaunchError": "engine.launch",
+    "Estimate": "measure.estimate",
+    "estimate": "measure.estimate",
+    "parse_oom": "measure.oom",
+    "plan": "techniques.planning",
+    "Target": "techniques.planning",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -64,18 +65,20 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from .comparison import Comparison, compare
-    from .config import ConfigError, RunConfig
-    from .dashboard import Dashboard
-    from .exercises import check
-    from .launcher import LaunchError, launch, launch_function
-    from .data import load_data
-    from .hardware import hardware_report
-    from .models import build_model, set_activation_checkpointing
-    from .estimate import Estimate
-    from .oom import parse_oom
-    from .planner import Target, plan
-    from .presets import get_preset
-    from .result import MemoryBreakdown, RunResult
-    from .sinks import RecordingSink, RunEnd, RunStart, Sink, StepRecord, TextSink, format_bytes
-    from .train import run
+    from workbench.api import launch, run
+    from workbench.core.config import ConfigError, RunConfig
+    from workbench.core.data import load_data
+    from workbench.core.hardware import hardware_report
+    from workbench.core.models import build_model, set_activation_checkpointing
+    from workbench.core.presets import get_preset
+    from workbench.core.report import format_bytes
+    from workbench.engine.launch import LaunchError, launch_function
+    from workbench.measure.estimate import Estimate, estimate
+    from workbench.measure.oom import parse_oom
+    from workbench.measure.records import RunEnd, RunStart, Sink, StepRecord
+    from workbench.measure.result import MemoryBreakdown, RunResult
+    from workbench.techniques.exercises import check
+    from workbench.techniques.planning import Target, plan
+    from workbench.views.compare import Comparison, compare
+    from workbench.views.dashboard import Dashboard
+    from workbench.views.sinks import RecordingSink, TextSink

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .config import ConfigError, RunConfig
+from workbench.core.config import ConfigError, RunConfig
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -118,8 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = config_from_args(args)
     except ConfigError as error:
         parser.error(str(error))  # one line, exit status 2
-    from .sinks import TextSink
-    from .train import run
+    from workbench.views.sinks import TextSink
+    from workbench.engine.train import run
 
     result = run(config, sinks=[_MainProcessOnly(TextSink())], name=args.name)
     # RANK is set by every launcher (accelerate launch, torchrun); absent: one process.

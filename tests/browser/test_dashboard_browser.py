@@ -23,8 +23,8 @@ pytestmark = pytest.mark.browser
 FAKE_TRAINER_CELL = """\
 # A fake trainer: emits the records workbench.run() emits, for ~8 s.
 import random, time
-from workbench.dashboard import Dashboard, default_sinks
-from workbench.sinks import RunEnd, RunStart, StepRecord
+from workbench.views.dashboard import Dashboard, default_sinks
+from workbench.views.sinks import RunEnd, RunStart, StepRecord
 
 sinks = default_sinks()
 assert isinstance(sinks[0], Dashboard), f"expected the dashboard here, got {sinks}"
@@ -49,7 +49,7 @@ for sink in sinks:
 # A real run of ~8 s on the small MLP, with the default sinks (the dashboard here):
 WORKBENCH_RUN_CELL = """\
 import workbench as wb
-from workbench.dashboard import Dashboard, default_sinks
+from workbench.views.dashboard import Dashboard, default_sinks
 assert isinstance(default_sinks()[0], Dashboard), default_sinks()
 result = wb.run(wb.RunConfig(model="mlp", steps=3000, log_every=20), name="browser-check")
 assert result.status == "ok", result.status

@@ -1,0 +1,126 @@
+"""How long does each notebook take to Run All, under a preset, on this CPU (or GPU)?
+
+Executes every notebook (or those named) in a fresh kernel, as a learner's Run All
+does, and records the wall time of each notebook and of each cell. The times are a
+record, not a test: a regression shows as a larger figure beside the previous run's
+(`--compare` prints the two side by side). Each notebook runs in its own kernel with
+the environment `make test` uses (one BLAS thread, offline hubs); `--isa avx2` caps
+oneDNN and ATen at AVX2, which is what a CPU without AVX-512 (no VNNI, no AVX512-BF16)
+runs.
+
+    python benchmarks/notebook_times.py --preset cpu-quick
+    python benchmarks/notebook_times.py --preset cpu --isa avx2 --out benchmarks/results/cpu-avx2.json
+    python benchmarks/notebook_times.py --preset cpu --isa avx2 --compare benchmarks/results/cpu-avx2.json
+    python benchmarks/notebook_times.py --preset gpu --save-executed docs/gpu-reference/notebooks
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import pathlib
+import platform
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+ISA_ENV = {"native": {}, "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}}
+
+
+def _cell_seconds(cell: dict) -> float | None:
+    timing = cell.get("metadata", {}).get("execution", {})
+    start, end = timing.get("iopub.execute_input"), timing.get("shell.execute_reply")
+    if not (start and end):
+        return None
+    parse = lambda s: dt.datetime.fromisoformat(s.replace("Z", "+00:00"))  # noqa: E731
+    return (parse(end) - parse(start)).total_seconds()
+
+
+def run_notebook(path: pathlib.Path, *, timeout_s: int, save_to: pathlib.Path | None) -> dict:
+    """Execute one notebook in a fresh kernel; its time, its cells' times, and how it ended."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=timeout_s, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}},
+                            store_widget_state=True)
+    began = time.perf_counter()
+    status, error = "ok", None
+    try:
+        client.execute()
+    except CellExecutionError as exc:
+        status, error = "error", str(exc).strip().splitlines()[-1][:400]
+    except (CellTimeoutError, DeadKernelError) as exc:
+        status, error = "timeout" if isinstance(exc, CellTimeoutError) else "dead kernel", str(exc)[:400]
+    seconds = time.perf_counter() - began
+    if save_to is not None:
+        save_to.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, save_to / path.name)
+    cells = [(i, _cell_seconds(c)) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    slowest = sorted(((s, i) for i, s in cells if s is not None), reverse=True)[:5]
+    return {"seconds": round(seconds, 1), "status": status, "error": error,
+            "slowest_cells": [{"cell": i, "seconds": round(s, 1)} for s, i in slowest]}
+
+
+def machine() -> dict:
+    flags = set()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    name = platform.processor()
+    try:
+        name = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"cpu": name, "cores": os.cpu_count(), "avx512_bf16": "avx512_bf16" in flags,
+            "avx512_vnni": "avx512_vnni" in flags, "amx": any(f.startswith("amx") for f in flags)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="cpu-quick", choices=("cpu-quick", "cpu", "gpu"))
+    parser.add_argument("--isa", default="native", choices=tuple(ISA_ENV))
+    parser.add_argument("--notebooks", nargs="*", help="names or paths (default: every notebooks/*.ipynb)")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per cell before it counts as a timeout")
+    parser.add_argument("--out", type=pathlib.Path, help="write the record here (JSON)")
+    parser.add_argument("--compare", type=pathlib.Path, help="a previous record to print beside this one")
+    parser.add_argument("--save-executed", type=pathlib.Path, help="save the executed notebooks in this folder")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="extra environment for the kernels")
+    args = parser.parse_args(argv)
+
+    env = {"WORKBENCH_PRESET": args.preset, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           "OPENBLAS_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1", **ISA_ENV[args.isa]}
+    env.update(item.split("=", 1) for item in args.env)
+    os.environ.update(env)  # the kernels nbclient starts inherit this environment
+
+    names = args.notebooks or [p.name for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))]
+    paths = [pathlib.Path(n) if pathlib.Path(n).exists() else ROOT / "notebooks" / pathlib.Path(n).name for n in names]
+    previous = json.loads(args.compare.read_text())["notebooks"] if args.compare else {}
+    record = {"preset": args.preset, "isa": args.isa, "machine": machine(), "env": env,
+              "date": dt.date.today().isoformat(), "notebooks": {}}
+    for path in paths:
+        result = run_notebook(path, timeout_s=args.timeout, save_to=args.save_executed)
+        record["notebooks"][path.stem] = result
+        before = previous.get(path.stem, {}).get("seconds")
+        note = f" (before: {before:.0f} s)" if before else ""
+        tail = "" if result["status"] == "ok" else f"  {result['status']}: {result['error']}"
+        print(f"{path.stem:<28} {result['seconds']:7.1f} s{note}{tail}", flush=True)
+    total = sum(r["seconds"] for r in record["notebooks"].values())
+    record["total_seconds"] = round(total, 1)
+    print(f"{'total':<28} {total:7.1f} s")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(record, indent=1) + "\n")
+    return 0 if all(r["status"] == "ok" for r in record["notebooks"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""The package's layers, read from its own imports: arrows point down, and nothing cycles.
+
+    core        config, presets, hardware, models, data: what to run, on what, where
+    measure     exact counters, meters, records, results, estimates
+    engine      the loop on accelerate, its state, save/resume, N processes
+    views       sinks, the live dashboard, comparisons
+    techniques  one module per notebook
+    top         workbench/__init__.py, api.py, cli.py, __main__.py
+
+A module may import its own layer and the layers below; engine and views sit side by side
+and never import each other (the engine emits records, views draw them). Every import
+counts, including those inside functions: a function-level import is how an upward
+dependency or a cycle hides from a linter.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "workbench"
+RANK = {"core": 0, "measure": 1, "engine": 2, "views": 2, "techniques": 3, "top": 4}
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) >= 2 and parts[1] in RANK else "top"
+
+
+def imports(path: pathlib.Path) -> list[tuple[int, str]]:
+    """(line, imported workbench module) for every import in the file, at any depth."""
+    module = module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.startswith("workbench")]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against this module's package
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            if not base.startswith("workbench"):
+                continue
+            for alias in node.names:  # `from pkg import submodule` imports the submodule
+                candidate = f"{base}.{alias.name}"
+                sub = PACKAGE.parent / (candidate.replace(".", "/") + ".py")
+                found.append((node.lineno, candidate if sub.exists() or sub.with_suffix("").is_dir() else base))
+    return found
+
+
+MODULES = sorted(PACKAGE.rglob("*.py"))
+GRAPH = {module_name(p): {m for _, m in imports(p)} for p in MODULES}
+
+
+def test_the_package_has_every_layer_and_no_module_outside_them() -> None:
+    layers = {layer(m) for m in GRAPH}
+    assert layers == set(RANK)
+    top = sorted(m for m in GRAPH if layer(m) == "top")
+    assert top == ["workbench", "workbench.__main__", "workbench.api", "workbench.cli"]
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_imports_point_down_only(path: pathlib.Path) -> None:
+    here = layer(module_name(path))
+    upward = []
+    for line, target in imports(path):
+        there = layer(target)
+        side_by_side = {here, there} == {"engine", "views"}
+        if RANK[there] > RANK[here] or side_by_side:
+            upward.append(f"line {line}: {here} imports {target} ({there})")
+    assert not upward, "\n".join(upward)
+
+
+def test_no_import_cycles_even_through_function_level_imports() -> None:
+    # Tarjan's strongly connected components over module -> imported module.
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in GRAPH.get(v, ()):
+            if w not in GRAPH:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in GRAPH:
+        if v not in index:
+            visit(v)
+    # A package's __init__ re-exporting its own modules is not a cycle of behaviour.
+    cycles = [c for c in cycles if not all(m == c[0] or m.startswith(c[0] + ".") for m in c)]
+    assert not cycles, cycles
+
+
+def test_the_checker_sees_function_level_and_relative_imports(tmp_path: pathlib.Path) -> None:
+    # The checker itself must not be blind: a planted upward import inside a function.
+    fake = PACKAGE / "core" / "_layer_probe.py"
+    try:
+        fake.write_text("def f():\n    from workbench.views import dashboard\n    from ..techniques import planning\n")
+        found = [m for _, m in imports(fake)]
+        assert found == ["workbench.views.dashboard", "workbench.techniques.planning"]
+    finally:
+        fake.unlink()

@@ -1,0 +1,42 @@
+"""The public entry points that join the layers: a run or a launch, shown live by default.
+
+The engine trains and emits records; the views draw them. Neither imports the other, so
+the choice of view for a call that names none (the live dashboard in a notebook, a text
+log everywhere else) is made here, at the top, where both may be used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from workbench.core.config import RunConfig
+from workbench.engine import launch as _launch
+from workbench.engine import train as _train
+from workbench.measure.records import Sink
+from workbench.measure.result import RunResult
+from workbench.views.dashboard import default_sinks
+
+
+def run(config: RunConfig, *, sinks: Iterable[Sink] | None = None, name: str | None = None,
+        keep_model: bool = False) -> RunResult:
+    """Train one run and measure it (`workbench.engine.train.run`), shown live.
+
+    sinks: where the records go; None: the live dashboard in a notebook, a text log elsewhere.
+
+    Example:
+        >>> result = run(RunConfig(model="mlp", steps=20, preset="cpu-quick"), name="baseline")  # doctest: +SKIP
+    """
+    return _train.run(config, sinks=default_sinks() if sinks is None else sinks, name=name, keep_model=keep_model)
+
+
+def launch(config: RunConfig, *, num_processes: int = 2, name: str | None = None,
+           sinks: Iterable[Sink] | None = None, **kwargs: Any) -> RunResult:
+    """`config` data-parallel on `num_processes` processes (`workbench.engine.launch.launch`),
+    rank 0's records shown live; None sinks: the dashboard in a notebook, text elsewhere."""
+    return _launch.launch(config, num_processes=num_processes, name=name,
+                          sinks=default_sinks() if sinks is None else sinks, **kwargs)
+
+
+run.__doc__ = f"{run.__doc__}\n\n{_train.run.__doc__}"
+launch.__doc__ = f"{launch.__doc__}\n\n{_launch.launch.__doc__}"

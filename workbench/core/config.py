@@ -1,0 +1,327 @@
+"""RunConfig: every knob of a training run, checked before anything runs.
+
+Each technique is a field here and a visible line in `train.py`, never a subclass.
+Fields left as None take the preset's value (see `presets.py`); `resolved()`
+returns the config with every value filled in, which is what `run()` uses and
+what results record. Bad values raise `ConfigError`, one line that names the
+field and the fix, before any data is loaded or memory allocated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import math
+import os
+from dataclasses import dataclass
+import functools
+import typing
+from typing import Any, Literal
+
+from workbench.core import hardware
+from workbench.core.data import DATASETS, train_size
+from workbench.core.models import MODEL_SPECS, MODELS
+from workbench.core.optim import OPTIMIZERS
+from workbench.core.precisions import PRECISIONS, grad_scaler_problem, scaler_kwargs
+from workbench.core.presets import PRESETS, get_preset
+
+# The choices of each named field, as types: validation and the CLI's choices read them
+# off the annotations (`field_choices`). Registries that already list the names (models,
+# optimizers, precisions, presets) are the one place those names are written.
+ModelName = Literal[MODELS]
+OptimizerName = Literal[tuple(OPTIMIZERS)]
+PrecisionName = Literal[PRECISIONS]
+PresetName = Literal[tuple(PRESETS)]
+Checkpointing = Literal["none", "all", "every_other"]
+QATScheme = Literal["none", "int8", "int4", "int3", "int2"]
+Device = Literal["auto", "cpu", "cuda"]
+
+
+class ConfigError(ValueError):
+    """A RunConfig value that cannot work; the message names the field and the fix."""
+
+
+@dataclass(kw_only=True, slots=True)
+class RunConfig:
+    """One training run. Unset (None) fields take the preset's value.
+
+    Example:
+        >>> cfg = RunConfig(model="mlp", precision="bf16", steps=10)
+        >>> cfg.resolved().batch_size  # from the preset in force
+        64
+    """
+
+    model: ModelName = "mlp"
+    """'mlp', 'cnn' (images), 'gpt' (byte-level language model) or 'minilm' (pretrained)."""
+    data: str | None = None
+    """A built-in data set (see data.DATASETS) or 'hub:<name>'; None: the model's default."""
+    batch_size: int | None = None
+    """Micro-batch size: samples per forward/backward pass (per process)."""
+    steps: int | None = None
+    """Optimizer steps. Give steps or epochs, not both."""
+    epochs: float | None = None
+    """Passes over the training set; converted to optimizer steps."""
+    lr: float | None = None
+    """Learning rate; None: a sensible default for the model."""
+    optimizer: OptimizerName = "adamw"
+    """'adamw', 'adam' or 'sgd' (with momentum 0.9)."""
+    weight_decay: float = 0.0
+    precision: PrecisionName = "fp32"
+    """'fp32', 'fp16' (autocast + GradScaler) or 'bf16' (autocast), via accelerate."""
+    grad_scaler: dict[str, float] | None = None
+    """fp16 only: GradScaler knobs (init_scale, growth_factor, backoff_factor, growth_interval);
+    None: torch's defaults. Resolved to the full set for fp16 (see precision.py)."""
+    grad_accum_steps: int = 1
+    """Micro-batches whose gradients add up before each optimizer step."""
+    activation_checkpointing: Checkpointing | bool = "none"
+    """'none', 'all' or 'every_other' block (gpt, minilm); True means 'all'."""
+    max_grad_norm: float | None = None
+    """Clip the gradient norm to this before each optimizer step; None: no clipping."""
+    qat: QATScheme = "none"
+    """Quantization-aware training: 'int8', 'int4', 'int3' or 'int2' fake-quantizes Linear weights
+    to that many bits (per output channel) and activations to int8 in training (torchao);
+    convert after with workbench.techniques.quantization.convert_qat. 'none': plain training."""
+    seq_len: int | None = None
+    """Tokens per sample for the text models."""
+    num_workers: int = 0
+    """DataLoader worker processes (0: load in the training process)."""
+    pin_memory: bool = False
+    prefetch_factor: int | None = None
+    """Batches each worker loads ahead; needs num_workers > 0."""
+    persistent_workers: bool = False
+    """Keep workers alive between epochs; needs num_workers > 0."""
+    seed: int = 0
+    device: Device = "auto"
+    """'auto' (a GPU when there is one), 'cpu' or 'cuda'."""
+    preset: PresetName | None = None
+    """'cpu-quick', 'cpu' or 'gpu'; None: $WORKBENCH_PRESET or by hardware."""
+    log_every: int | None = None
+    """Optimizer steps between log records (the only device syncs)."""
+    eval_samples: int | None = None
+    """Held-out samples evaluated after training (0: no evaluation)."""
+    save_state_dir: str | os.PathLike | None = None
+    """Save the whole training state (model, optimizer, RNGs, data position) under this
+    folder, as step_NNNNNN/, every `save_every` steps and at the end; None: never."""
+    save_every: int | None = None
+    """Optimizer steps between saves (a multiple of log_every); None: only at the end."""
+    resume_from: str | os.PathLike | None = None
+    """A folder written by save_state_dir (or one of its step_* folders): continue that run."""
+    dims: dict[str, Any] | None = None
+    """Model size overrides, e.g. {'n_layer': 4} for gpt; None: the preset's."""
+    memory_budget_bytes: int | None = None
+    """A SIMULATED device memory: after the first step, when parameters + gradients +
+    optimizer state + one micro-batch's saved activations (exact counts) exceed it, the run
+    stops with an out-of-memory error, as a GPU would. None: no budget."""
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        _check_values(self, _resolve(self))
+
+    def resolved(self) -> RunConfig:
+        """This config with every None filled from the preset and defaults.
+
+        Epochs become optimizer steps here (and `epochs` None), so the resolved
+        config says exactly how many steps the run takes.
+        """
+        values = _resolve(self)
+        _check_values(self, values)
+        values["epochs"] = None
+        return RunConfig(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# field -> (accepted types, what to write instead); bool is excluded from ints
+# because True == 1 would silently pass as a batch size.
+_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "model": ((str,), "a model name such as 'mlp'"),
+    "data": ((str, type(None)), "a data set name such as 'mnist'"),
+    "batch_size": ((int, type(None)), "a whole number such as 32"),
+    "steps": ((int, type(None)), "a whole number such as 100"),
+    "epochs": ((int, float, type(None)), "a number such as 1 or 0.5"),
+    "lr": ((int, float, type(None)), "a number such as 1e-3"),
+    "optimizer": ((str,), "'adamw', 'adam' or 'sgd'"),
+    "weight_decay": ((int, float), "a number such as 0.01"),
+    "precision": ((str,), "'fp32', 'fp16' or 'bf16'"),
+    "grad_scaler": ((dict, type(None)), "a dict such as {'init_scale': 1024.0}, or None"),
+    "grad_accum_steps": ((int,), "a whole number such as 4"),
+    "activation_checkpointing": ((str, bool), "'none', 'all' or 'every_other'"),
+    "max_grad_norm": ((int, float, type(None)), "a number such as 1.0, or None"),
+    "qat": ((str,), "'none', 'int8', 'int4', 'int3' or 'int2'"),
+    "seq_len": ((int, type(None)), "a whole number such as 128"),
+    "num_workers": ((int,), "a whole number such as 2"),
+    "pin_memory": ((bool,), "True or False"),
+    "prefetch_factor": ((int, type(None)), "a whole number such as 2, or None"),
+    "persistent_workers": ((bool,), "True or False"),
+    "seed": ((int,), "a whole number such as 0"),
+    "device": ((str,), "'auto', 'cpu' or 'cuda'"),
+    "preset": ((str, type(None)), "'cpu-quick', 'cpu' or 'gpu'"),
+    "log_every": ((int, type(None)), "a whole number such as 10"),
+    "eval_samples": ((int, type(None)), "a whole number such as 500"),
+    "save_state_dir": ((str, os.PathLike, type(None)), "a folder path such as 'checkpoints', or None"),
+    "save_every": ((int, type(None)), "a whole number such as 100, or None"),
+    "resume_from": ((str, os.PathLike, type(None)), "a folder path written by save_state_dir, or None"),
+    "dims": ((dict, type(None)), "a dict such as {'n_layer': 4}"),
+    "memory_budget_bytes": ((int, type(None)), "a whole number of bytes such as 64 * 2**20, or None"),
+}
+
+
+def _check_types(cfg: RunConfig) -> None:
+    for name, (types, hint) in _TYPES.items():
+        value = getattr(cfg, name)
+        is_bool_as_number = isinstance(value, bool) and bool not in types
+        if is_bool_as_number or not isinstance(value, types):
+            raise ConfigError(
+                f"{name} must be {hint}, got {type(value).__name__} {value!r}; pass {name}=<{hint}>"
+            )
+
+
+@functools.cache
+def field_choices(name: str) -> tuple[str, ...]:
+    """The names a RunConfig field accepts, read off its Literal annotation ('' if none).
+
+    Example:
+        >>> field_choices("precision")
+        ('fp32', 'fp16', 'bf16')
+    """
+    hint = typing.get_type_hints(RunConfig)[name]
+    parts = typing.get_args(hint) if typing.get_origin(hint) is not Literal else (hint,)
+    return tuple(arg for part in parts if typing.get_origin(part) is Literal for arg in typing.get_args(part))
+
+
+def _one_of(name: str, value: str, choices: tuple[str, ...] | list[str] | None = None) -> None:
+    choices = field_choices(name) if choices is None else choices
+    if value not in choices:
+        raise ConfigError(f"{name}={value!r} is not known; use one of: {', '.join(map(repr, choices))}")
+
+
+def _resolve(cfg: RunConfig) -> dict[str, Any]:
+    """Fill every None from the preset; assumes types are already checked."""
+    if cfg.preset is not None:
+        _one_of("preset", cfg.preset)
+    _one_of("model", cfg.model)
+    spec = MODEL_SPECS[cfg.model]
+    preset = get_preset(cfg.preset)
+    values = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    values["preset"] = preset.name
+    values["data"] = cfg.data or spec.default_data
+    values["lr"] = spec.default_lr if cfg.lr is None else cfg.lr
+    pick = lambda given, default: default if given is None else given  # noqa: E731 (0 is a value)
+    values["batch_size"] = pick(cfg.batch_size, preset.batch_size[cfg.model])
+    values["seq_len"] = pick(cfg.seq_len, preset.seq_len.get(cfg.model))
+    values["log_every"] = pick(cfg.log_every, preset.log_every)
+    values["eval_samples"] = preset.max_eval_samples if cfg.eval_samples is None else cfg.eval_samples
+    values["dims"] = {**preset.dims[cfg.model], **(cfg.dims or {})}
+    for name in ("save_state_dir", "resume_from"):  # plain strings: the config stays JSON-able
+        values[name] = None if values[name] is None else os.fspath(values[name])
+    if cfg.precision == "fp16":  # the scaler knobs a run uses, shown in its resolved config
+        values["grad_scaler"] = scaler_kwargs(cfg.grad_scaler)
+    if cfg.activation_checkpointing is True or cfg.activation_checkpointing is False:
+        values["activation_checkpointing"] = "all" if cfg.activation_checkpointing else "none"
+    if cfg.steps is None and cfg.epochs is None:
+        device = hardware.resolve_device(cfg.device) if cfg.device in field_choices("device") else "cpu"
+        emulated = hardware.precision_support(device, cfg.precision) == "emulated" if cfg.precision in PRECISIONS else False
+        quick = preset.reduced_precision_steps_on_emulated_cpu
+        values["steps"] = quick if emulated and quick else preset.steps
+    return values
+
+
+def _check_values(cfg: RunConfig, r: dict[str, Any]) -> None:
+    # Names first: everything after may look things up by them.
+    _one_of("optimizer", r["optimizer"])
+    _one_of("precision", r["precision"])
+    if problem := grad_scaler_problem(cfg.grad_scaler, r["precision"]):
+        raise ConfigError(problem)
+    _one_of("device", r["device"])
+    _one_of("activation_checkpointing", r["activation_checkpointing"])
+    _one_of("qat", r["qat"])
+    if r["qat"] != "none" and importlib.util.find_spec("torchao") is None:
+        raise ConfigError(f"qat={r['qat']!r} needs torchao, which is not installed; "
+                          "pip install --no-deps 'torchao>=0.18,<0.19', or use qat='none'")
+    data = r["data"]
+    if not data.startswith("hub:"):
+        _one_of("data", data, list(DATASETS))
+        task = DATASETS[data].task
+        needed = MODEL_SPECS[r["model"]].task
+        if task != needed:
+            fit = [n for n, info in DATASETS.items() if info.task == needed]
+            raise ConfigError(
+                f"data={data!r} is {task} but model={r['model']!r} needs "
+                f"{needed}; use data={fit[0]!r} or another model"
+            )
+    for name in ("batch_size", "steps", "grad_accum_steps", "log_every", "seq_len", "memory_budget_bytes"):
+        if r[name] is not None and r[name] < 1:
+            raise ConfigError(f"{name}={r[name]} must be at least 1; pass a positive whole number")
+    for name in ("num_workers", "eval_samples", "seed"):
+        if r[name] < 0:
+            raise ConfigError(f"{name}={r[name]} must not be negative; pass 0 or more")
+    if cfg.epochs is not None and not cfg.epochs > 0:
+        raise ConfigError(f"epochs={cfg.epochs} must be positive; pass e.g. epochs=1")
+    if not (math.isfinite(r["lr"]) and r["lr"] > 0):
+        raise ConfigError(f"lr={r['lr']} must be a positive finite number; pass e.g. lr=1e-3")
+    if r["weight_decay"] < 0:
+        raise ConfigError(f"weight_decay={r['weight_decay']} must not be negative; pass e.g. 0.01")
+    if r["max_grad_norm"] is not None and not r["max_grad_norm"] > 0:
+        raise ConfigError(f"max_grad_norm={r['max_grad_norm']} must be positive or None")
+    if cfg.steps is not None and cfg.epochs is not None:
+        raise ConfigError(f"steps={cfg.steps} and epochs={cfg.epochs} conflict; give only one of them")
+    if r["num_workers"] == 0 and (r["prefetch_factor"] is not None or r["persistent_workers"]):
+        knob = "prefetch_factor" if r["prefetch_factor"] is not None else "persistent_workers"
+        raise ConfigError(f"{knob} needs worker processes; set num_workers >= 1 or leave {knob} unset")
+    if r["prefetch_factor"] is not None and r["prefetch_factor"] < 1:
+        raise ConfigError(f"prefetch_factor={r['prefetch_factor']} must be at least 1")
+    if r["activation_checkpointing"] != "none" and not MODEL_SPECS[r["model"]].has_blocks:
+        raise ConfigError(
+            f"activation_checkpointing={r['activation_checkpointing']!r} needs a model with blocks; "
+            f"use model='gpt' or 'minilm', or activation_checkpointing='none'"
+        )
+    _check_save_and_resume(r)
+    _check_device(r)
+    if not data.startswith("hub:"):
+        size = train_size(data, r["seq_len"])
+        if r["batch_size"] > size:
+            raise ConfigError(
+                f"batch_size={r['batch_size']} is larger than data={data!r} ({size} training samples); "
+                f"pass batch_size <= {size}"
+            )
+        if cfg.epochs is not None:
+            # Steps per epoch: full micro-batches (drop_last) grouped by accumulation.
+            per_epoch = (size // r["batch_size"]) // r["grad_accum_steps"]
+            if per_epoch < 1:
+                raise ConfigError(
+                    f"grad_accum_steps={r['grad_accum_steps']} x batch_size={r['batch_size']} exceeds "
+                    f"one epoch of {data!r} ({size} samples); lower one of them"
+                )
+            r["steps"] = max(1, math.ceil(cfg.epochs * per_epoch))
+
+
+def _check_save_and_resume(r: dict[str, Any]) -> None:
+    every = r["save_every"]
+    if every is not None:
+        if every < 1:
+            raise ConfigError(f"save_every={every} must be at least 1; pass a positive whole number")
+        if r["save_state_dir"] is None:
+            raise ConfigError(f"save_every={every} needs a folder to save in; pass save_state_dir='checkpoints'")
+        if every % r["log_every"]:
+            # Saves happen at log steps, where the loss window closes, so a resumed
+            # run's logged losses line up with an unbroken run's.
+            raise ConfigError(f"save_every={every} must be a multiple of log_every={r['log_every']}; "
+                              f"pass save_every={every - every % r['log_every'] or r['log_every']}")
+    if r["resume_from"] is not None and not os.path.isdir(r["resume_from"]):
+        raise ConfigError(f"resume_from={r['resume_from']!r} is not a folder; pass a folder written by save_state_dir")
+
+
+def _check_device(r: dict[str, Any]) -> None:
+    import torch
+
+    if r["device"] == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device='cuda' but no CUDA GPU is visible; use device='auto' or 'cpu'")
+    device = hardware.resolve_device(r["device"])
+    if hardware.precision_support(device, r["precision"]) == "unsupported":
+        info = hardware.gpu_info()
+        where = f"{info.name} (compute capability {info.compute_capability})" if info else device
+        fallback = "fp16" if r["precision"] == "bf16" else "fp32"
+        raise ConfigError(
+            f"precision={r['precision']!r} is not supported on {where}; use precision={fallback!r}"
+        )

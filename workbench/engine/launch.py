@@ -1,0 +1,383 @@
+"""Multi-process runs from a notebook: the same RunConfig on N processes.
+
+`launch(config, num_processes=2)` starts N processes on this machine (one per GPU,
+or CPU processes over gloo), runs `run()` in each and streams every child's records
+back through a pipe, so the live dashboard here shows the run as it trains. It
+returns rank 0's RunResult: its loss is the mean over all processes, its throughput
+counts every process's samples. (The module is `launcher`, not `launch`: a submodule
+named like the function it exports would shadow `workbench.launch` once imported.)
+
+It is accelerate's `notebook_launcher` mechanism (fork the notebook, set the
+environment accelerate reads, `PrepareForLaunch`), with what a notebook needs on top:
+- every child asserts the world size: on CPU a plain `Accelerator()` under
+  `notebook_launcher` silently starts N unconnected world-size-1 processes;
+- the parent feeds the children's records to its sinks, on its own main thread;
+- a child that raises: its traceback is printed here, the others are stopped and the
+  launcher returns a 'failed' result; `timeout_s` bounds a hang;
+- each child gets its share of the CPU threads (N processes x all cores each would
+  oversubscribe the cores and ruin every timing).
+
+Example:
+    >>> result = launch(RunConfig(model="mlp", steps=20, batch_size=32), num_processes=2)  # doctest: +SKIP
+    >>> result.num_processes, result.status  # doctest: +SKIP
+    (2, 'ok')
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import os
+import socket
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Any
+
+from workbench.core.config import RunConfig
+from workbench.measure.result import RunResult
+from workbench.measure.records import RunEnd, RunStart, Sink, StepRecord
+
+_POLL_S = 0.05  # how often the parent looks at the pipes and the children
+
+
+class LaunchError(RuntimeError):
+    """A multi-process launch that cannot start or did not finish; says why."""
+
+
+def free_port() -> int:
+    """A TCP port free right now (e.g. for `accelerate launch --main_process_port`)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check_world_size(actual: int, expected: int, rank: int) -> None:
+    """Fail loudly if the processes did not join one group (one line, with the fix)."""
+    if actual != expected:
+        raise LaunchError(
+            f"process {rank}: {expected} processes were started but they formed a world of "
+            f"{actual}; on CPU build the Accelerator with cpu=True (or set ACCELERATE_USE_CPU=1) "
+            "so the processes connect over gloo"
+        )
+
+
+class _PipeSink:
+    """A child's sink: sends every record to the parent as it happens."""
+
+    def __init__(self, conn: multiprocessing.connection.Connection) -> None:
+        self.conn = conn
+
+    def start(self, record: RunStart) -> None:
+        self.conn.send(("start", record))
+
+    def log(self, record: StepRecord) -> None:
+        self.conn.send(("log", record))
+
+    def end(self, record: RunEnd) -> None:
+        self.conn.send(("end", record))
+
+
+def _child(target: RunConfig | Callable[..., Any], args: tuple, name: str | None, conns: list,
+           num_processes: int, threads: int, cpu: bool) -> None:
+    """Runs in each child (after accelerate's PrepareForLaunch set RANK and LOCAL_RANK)."""
+    import torch
+    from accelerate.state import PartialState
+
+    from workbench.engine.accelerator import reset_accelerate_state
+
+    rank = int(os.environ["RANK"])
+    conn = conns[rank]
+    for i, other in enumerate(conns):  # keep only this child's pipe end open
+        if i != rank:
+            other.close()
+    torch.set_num_threads(threads)
+    try:
+        # A forked child inherits the notebook's single-process accelerate state: drop it,
+        # then form the process group now, so the world size is known before any work.
+        reset_accelerate_state(keep_process_group=False)
+        state = PartialState(cpu=cpu)
+        check_world_size(state.num_processes, num_processes, rank)
+        conn.send(("hello", {"rank": state.process_index, "world_size": state.num_processes,
+                             "threads": torch.get_num_threads(), "pid": os.getpid(), "device": str(state.device)}))
+        if isinstance(target, RunConfig):
+            from workbench.engine.train import run
+
+            value: Any = run(target, sinks=[_PipeSink(conn)], name=name)
+        else:
+            value = target(*args)
+    except BaseException:
+        # When one process fails, its peers fail next ("Connection closed by peer"):
+        # the time says which failure came first, the cause rather than an echo.
+        conn.send(("error", {"rank": rank, "time": time.time(), "traceback": traceback.format_exc()}))
+        raise
+    conn.send(("result", value))
+    conn.close()
+
+
+def _check_num_processes(num_processes: Any) -> None:
+    if not isinstance(num_processes, int) or isinstance(num_processes, bool) or num_processes < 1:
+        raise ValueError(f"num_processes={num_processes!r} must be a whole number >= 1; pass e.g. num_processes=2")
+
+
+def _start_method(requested: str) -> str:
+    import torch
+
+    if requested not in ("auto", "fork", "spawn", "forkserver"):
+        raise ValueError(f"start_method={requested!r} is not known; use 'auto', 'fork', 'spawn' or 'forkserver'")
+    if requested != "auto":
+        return requested
+    # CUDA initialised in this process cannot be used by a forked child; the
+    # children then start fresh (spawn), which needs a target they can import.
+    if torch.cuda.is_initialized() or "fork" not in multiprocessing.get_all_start_methods():
+        return "spawn"
+    return "fork"
+
+
+def _launch(target: RunConfig | Callable[..., Any], args: tuple, *, num_processes: int, name: str | None,
+            on_record: Callable[[str, Any], None], timeout_s: float | None, start_method: str,
+            threads_per_process: int | None, device: str) -> tuple[dict[int, Any], str | None, str]:
+    """Start the children, pump their messages until they finish; (values, failure, status)."""
+    import torch
+    from accelerate.utils import PrepareForLaunch, patch_environment
+    from torch.distributed import TCPStore
+    from torch.multiprocessing import start_processes
+    from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
+
+    _check_num_processes(num_processes)
+    cpu = device == "cpu"
+    if not cpu and num_processes > torch.cuda.device_count():
+        raise ValueError(
+            f"num_processes={num_processes} but {torch.cuda.device_count()} GPU(s) are visible; "
+            f"pass num_processes <= {torch.cuda.device_count()} or device='cpu'"
+        )
+    method = _start_method(start_method)
+    threads = threads_per_process or max(1, torch.get_num_threads() // num_processes)
+    ctx = multiprocessing.get_context(method)
+    pipes = [ctx.Pipe(duplex=False) for _ in range(num_processes)]
+    readers = {reader: rank for rank, (reader, _) in enumerate(pipes)}
+    writers = [writer for _, writer in pipes]
+    # The rendezvous store lives here, on a port the OS picked and this process holds, so no
+    # other program can take it between choosing and binding; the children join it as
+    # clients (TORCHELASTIC_USE_AGENT_STORE: how torchrun's agent hosts it too).
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    env = dict(
+        world_size=num_processes, nproc=num_processes, node_rank=0, local_world_size=num_processes,
+        master_addr="127.0.0.1", master_port=store.port, torchelastic_use_agent_store="True",
+        # OMP_NUM_THREADS set: accelerate then leaves each child's thread count alone.
+        omp_num_threads=threads,
+    )
+    if cpu:
+        env["accelerate_use_cpu"] = "true"
+    distributed_type = "MULTI_CPU" if cpu else "MULTI_GPU"
+    with patch_environment(**env):
+        context = start_processes(
+            PrepareForLaunch(_child, distributed_type=distributed_type),
+            args=(target, args, name, writers, num_processes, threads, cpu),
+            nprocs=num_processes, join=False, start_method=method,
+        )
+    for writer in writers:  # the children hold them now; closed here, a dead child reads as EOF
+        writer.close()
+
+    values: dict[int, Any] = {}
+    errors: list[dict[str, Any]] = []
+    failure: str | None = None
+    status = "ok"
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+
+    def pump(wait_s: float) -> None:
+        for reader in multiprocessing.connection.wait(list(readers), timeout=wait_s):
+            try:
+                kind, payload = reader.recv()
+            except (EOFError, OSError):  # the child closed its end, or died
+                del readers[reader]
+                continue
+            if kind == "result":
+                values[readers[reader]] = payload
+            elif kind == "error":
+                errors.append(payload)
+            else:
+                on_record(kind, payload)
+
+    try:
+        while True:
+            pump(_POLL_S)
+            try:
+                if context.join(timeout=0, grace_period=2.0):
+                    break
+            except (ProcessRaisedException, ProcessExitedException) as error:
+                failure, status = str(error).strip(), "failed"
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                failure, status = f"timed out after {timeout_s:g} s (timeout_s); the children were stopped", "failed"
+                break
+        # What the children wrote before exiting (after a failure join() has stopped them
+        # all, so every pipe ends: a message cut short reads as EOF, never blocks).
+        end = time.monotonic() + 2.0
+        while readers and time.monotonic() < end:
+            pump(_POLL_S)
+        if errors and status == "failed" and not failure.startswith("timed out"):
+            first = min(errors, key=lambda e: e["time"])
+            echoes = [f"process {e['rank']}: {_last_line(e['traceback'])}" for e in errors if e is not first]
+            then = f" (failed after it, often as a consequence: {'; '.join(echoes)})" if echoes else ""
+            failure = f"process {first['rank']} failed first{then}:\n{first['traceback'].strip()}"
+    except KeyboardInterrupt:
+        failure, status = "stopped by the user", "interrupted"
+    finally:
+        _stop(context)
+        for reader in list(readers):
+            reader.close()
+        del store
+    return values, failure, status
+
+
+def _stop(context: Any) -> None:
+    for process in context.processes:
+        if process.is_alive():
+            process.terminate()
+    for process in context.processes:
+        process.join(timeout=5)
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else text
+
+
+def launch(config: RunConfig, *, num_processes: int = 2, name: str | None = None,
+           sinks: Iterable[Sink] = (), timeout_s: float | None = None,
+           start_method: str = "auto", threads_per_process: int | None = None) -> RunResult:
+    """Run `config` data-parallel on `num_processes` processes and return rank 0's result.
+
+    Each process trains on its own shard of every batch (`batch_size` is per
+    process: the global batch is batch_size x num_processes x grad_accum_steps);
+    gradients are averaged across processes at each optimizer step.
+
+    Args:
+        num_processes: processes to start (GPUs: at most one per GPU).
+        sinks: where the records go, here in this process (`workbench.launch` defaults
+            them to the live dashboard in a notebook, text elsewhere). Rank 0's records are shown (its
+            loss is the mean over all processes, its throughput counts all of them).
+        timeout_s: stop the children and return a 'failed' result after this long.
+        start_method: 'fork' (fast; functions defined in a notebook work), 'spawn',
+            or 'auto': fork unless CUDA is already initialised in this process.
+        threads_per_process: CPU threads per child; default: this process's
+            threads divided among the children.
+
+    Example:
+        >>> two = launch(RunConfig(model="mlp", steps=20), num_processes=2, name="2 processes")  # doctest: +SKIP
+    """
+    from workbench.core import hardware
+
+    if not isinstance(config, RunConfig):
+        raise TypeError(f"config must be a RunConfig, got {type(config).__name__}; use launch_function for a function")
+    cfg = config.resolved()  # bad values fail here, before any process starts
+    _check_num_processes(num_processes)
+    name = name or f"{cfg.model} {cfg.precision} b{cfg.batch_size} x{num_processes}"
+    sinks = list(sinks)
+    seen: dict[str, Any] = {"hello": [], "start": None, "steps": [], "end": None}
+
+    def on_record(kind: str, record: Any) -> None:
+        if kind == "hello":
+            seen["hello"].append(record)
+            return
+        if getattr(record, "rank", 0) != 0:  # rank 0's records already hold the global figures
+            return
+        if kind == "start":
+            seen["start"] = record
+        elif kind == "log":
+            seen["steps"].append(record)
+        else:
+            seen["end"] = record
+        for sink in sinks:
+            getattr(sink, kind)(record)
+
+    began = time.perf_counter()
+    if _start_method(start_method) == "fork":
+        _warm_up(cfg)
+    values, failure, status = _launch(  # the children resolve `config` in their world (epochs)
+        config, (), num_processes=num_processes, name=name, on_record=on_record, timeout_s=timeout_s,
+        start_method=start_method, threads_per_process=threads_per_process,
+        device=hardware.resolve_device(cfg.device),
+    )
+    wall = time.perf_counter() - began
+    hello = sorted(seen["hello"], key=lambda h: h["rank"])
+    extra = {"launch_wall_s": wall, "processes": hello}
+    if status == "ok" and 0 in values:
+        result = values[0]
+        return replace(result, name=name, extra={**result.extra, **extra})
+    if status == "ok":  # every child exited cleanly but rank 0 sent no result
+        status, failure = "failed", "rank 0 exited without a result"
+    message = _last_line(failure or status)
+    if failure and status == "failed":
+        print(f"[{name}] a child process failed:\n{failure}", file=sys.stderr, flush=True)
+    done = seen["steps"][-1].step if seen["steps"] else 0
+    if seen["end"] is None or seen["end"].status == "ok":  # the sinks hear how it ended
+        for sink in sinks:
+            sink.end(RunEnd(run_name=name, status=status, steps_done=done, message=message))
+    return _partial_result(cfg, name, status, message, seen["steps"], num_processes,
+                           {**extra, "traceback": failure or ""}, wall)
+
+
+def _warm_up(cfg: RunConfig) -> None:
+    """Import and load here what every child needs: forked children inherit it
+    (copy-on-write) instead of each importing accelerate and reading the data again."""
+    import accelerate.accelerator  # noqa: F401
+    import torch._dynamo  # noqa: F401  (accelerate's prepare() imports it: seconds, per child)
+
+    from workbench.engine import train
+    from workbench.core.data import load_data
+
+    # The same arguments as run() uses, so the children hit this cache.
+    load_data(cfg.data, seq_len=cfg.seq_len or 128, max_test=cfg.eval_samples or None, seed=cfg.seed)
+
+
+def _partial_result(cfg: RunConfig, name: str, status: str, message: str, steps: list[StepRecord],
+                    num_processes: int, extra: dict[str, Any], wall: float) -> RunResult:
+    """What the parent saw of a run that did not finish: its curve so far."""
+    from workbench.core import hardware
+
+    return RunResult(
+        name=name, config=cfg, status=status, message=message,
+        steps_done=steps[-1].step if steps else 0,
+        loss_steps=[r.step for r in steps], losses=[r.loss for r in steps],
+        step_time_s=None, interval_step_times_s=[r.step_time_s for r in steps],
+        samples_per_sec=None, tokens_per_sec=None, flops_per_step=None, tflops_per_sec=None,
+        mfu=None, peak_flops_source="", data_wait_fraction=None, memory=None, eval_loss=None,
+        accuracy=None, device=hardware.resolve_device(cfg.device), wall_s=wall,
+        num_processes=num_processes, extra=extra,
+    )
+
+
+def launch_function(fn: Callable[..., Any], *args: Any, num_processes: int = 2, device: str = "auto",
+                    timeout_s: float | None = None, start_method: str = "auto",
+                    threads_per_process: int | None = None) -> list[Any]:
+    """Call `fn(*args)` on each of `num_processes` connected processes; their return values.
+
+    Like accelerate's `notebook_launcher`, with the process group already formed
+    and checked when `fn` starts (so `PartialState()` inside `fn` is connected),
+    and with failures that come back: a child that raises makes this raise
+    `LaunchError` with the child's traceback, after the others are stopped.
+
+    Example:
+        >>> def world():
+        ...     from accelerate import PartialState
+        ...     return PartialState().num_processes
+        >>> launch_function(world, num_processes=2, device="cpu")  # doctest: +SKIP
+        [2, 2]
+    """
+    from workbench.core import hardware
+
+    values, failure, status = _launch(
+        fn, args, num_processes=num_processes, name=None, on_record=lambda kind, record: None,
+        timeout_s=timeout_s, start_method=start_method, threads_per_process=threads_per_process,
+        device=hardware.resolve_device(device),
+    )
+    if status != "ok" or len(values) != num_processes:
+        raise LaunchError(failure or f"{num_processes - len(values)} process(es) exited without a result")
+    return [values[rank] for rank in range(num_processes)]

@@ -1,0 +1,261 @@
+"""Exact, deterministic counts: bytes of parameters, gradients, optimizer state and
+saved activations; FLOPs; and the textbook formulas they are checked against.
+
+These are the numbers a notebook may assert exactly (unlike timings). Everything here
+works on CPU, and the activation and FLOP counters also work on meta tensors, so a
+model too big for this machine can still be measured without allocating it.
+
+Example:
+    >>> import torch
+    >>> model = torch.nn.Linear(3, 4)
+    >>> parameter_bytes(model)                       # 12 weights + 4 biases, fp32
+    64
+    >>> with SavedActivationCounter(model) as saved:
+    ...     model(torch.ones(2, 3)).relu().sum()     # doctest: +ELLIPSIS
+    tensor(...)
+    >>> saved.bytes                                  # Linear input 24 B + ReLU output 32 B
+    56
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from workbench.core.saved import listening
+
+__all__ = [
+    "parameter_bytes",
+    "gradient_bytes",
+    "optimizer_state_bytes",
+    "SavedActivationCounter",
+    "count_flops",
+    "matmul_parameter_count",
+    "gpt_activation_bytes_formula",
+    "gpt_flops_formula",
+]
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    # The StorageImpl address identifies the memory block. data_ptr() would not do: it
+    # is 0 for every meta/fake tensor, so all of them would collapse into one key.
+    return t.untyped_storage()._cdata
+
+
+def _storage_bytes(t: torch.Tensor) -> int:
+    # Bytes of the whole storage: a saved view (q sliced out of a fused qkv) keeps the
+    # whole block alive, so the whole block is what memory pays for.
+    return t.untyped_storage().nbytes()
+
+
+def parameter_bytes(model: nn.Module) -> int:
+    """Bytes held by the model's parameters (tied parameters counted once; buffers not)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def gradient_bytes(model: nn.Module, *, expected: bool = False) -> int:
+    """Bytes of the parameters' gradients.
+
+    By default counts the `.grad` tensors that exist now (0 before the first backward,
+    or after `zero_grad(set_to_none=True)`). With `expected=True` counts what a backward
+    will allocate: one gradient, of the parameter's dtype, per parameter that requires grad.
+    """
+    if expected:
+        return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return sum(p.grad.numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None)
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of every tensor in the optimizer's state (AdamW: exp_avg, exp_avg_sq and the
+    per-parameter `step` scalar tensor), each storage counted once. 0 before the first step,
+    since PyTorch optimizers create their state lazily."""
+    seen: set[int] = set()
+    total = 0
+    for state in optimizer.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor):
+                key = _storage_key(value)
+                if key not in seen:
+                    seen.add(key)
+                    total += value.numel() * value.element_size()
+    return total
+
+
+class SavedActivationCounter:
+    """Count the bytes autograd saves for backward while the context is active.
+
+    Each unique storage is counted once, at its full size (a saved view keeps the whole
+    storage alive). Parameters, buffers and views of them are excluded: they are model
+    state, alive anyway. Pass the model(s) so their parameter and buffer storages are
+    known; without one, only `nn.Parameter` objects and their direct views are excluded.
+    Works on real, meta and fake tensors. The hooks return the tensor unchanged, so the
+    run being measured behaves (and uses memory) exactly as without the counter.
+
+    Storages are keyed by their address: if a saved storage is freed inside the context
+    (a backward, then a second forward) a new one at the same address would be missed,
+    so count one forward (or one forward+backward) per context.
+
+    Attributes:
+        bytes: total bytes of unique saved storages.
+        count: number of unique saved storages.
+        by_dtype: bytes per dtype (the dtype of the first tensor seen on each storage).
+
+    Example:
+        >>> with SavedActivationCounter(model) as saved:  # doctest: +SKIP
+        ...     loss = loss_fn(model(x), y)
+        >>> saved.bytes  # doctest: +SKIP
+    """
+
+    def __init__(self, model: nn.Module | Iterable[nn.Module] | None = None) -> None:
+        modules = [model] if isinstance(model, nn.Module) else list(model or ())
+        self._excluded: set[int] = set()
+        for module in modules:
+            for t in (*module.parameters(), *module.buffers()):
+                self._excluded.add(_storage_key(t))
+        self._seen: set[int] = set()
+        self.bytes = 0
+        self.count = 0
+        self.by_dtype: dict[torch.dtype, int] = {}
+        self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
+        self._listening: Any = None
+
+    def _add(self, t: torch.Tensor) -> None:
+        if isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter):
+            return
+        if t.layout != torch.strided:  # sparse etc. have no single storage
+            key, size = id(t), t.numel() * t.element_size()
+        else:
+            key = _storage_key(t)
+            if key in self._seen or key in self._excluded:
+                return
+            size = _storage_bytes(t)
+        self._seen.add(key)
+        self.bytes += size
+        self.count += 1
+        self.by_dtype[t.dtype] = self.by_dtype.get(t.dtype, 0) + size
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        self._add(t)
+        return t  # unchanged: no copy, no change to what autograd keeps
+
+    @staticmethod
+    def _unpack(t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    def __enter__(self) -> SavedActivationCounter:
+        # models report what checkpointing keeps outside the hooks (core.saved.note_saved)
+        self._listening = listening(self._add)
+        self._listening.__enter__()
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._hooks is not None
+        self._hooks.__exit__(*exc)
+        self._listening.__exit__(*exc)
+
+    def __repr__(self) -> str:
+        return f"SavedActivationCounter(bytes={self.bytes}, count={self.count})"
+
+
+def count_flops(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
+    """Run `fn(*args, **kwargs)` and return the FLOPs PyTorch's FlopCounterMode counted.
+
+    FlopCounterMode counts matmul-like ops (mm, addmm, bmm, convolution, attention
+    kernels) at 2 FLOPs per multiply-add, forward and backward; elementwise ops,
+    normalisation, softmax and embedding lookups count 0. Works on meta tensors.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as mode:
+        fn(*args, **kwargs)
+    return int(mode.get_total_flops())
+
+
+def matmul_parameter_count(model: nn.Module) -> int:
+    """Weights that multiply activations in a matmul: the weight of every nn.Linear module
+    (a weight shared by two Linear modules counts twice, since it is used twice).
+
+    For our GPT: 12·n_layer·d_model² (qkv, attention proj, MLP in and out) plus
+    vocab_size·d_model for the lm_head, which is tied to the token embedding but, unlike
+    the embedding lookup, is a real matmul. This is the N of `gpt_flops_formula`.
+    """
+    return sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+
+
+def gpt_activation_bytes_formula(
+    s: int,
+    b: int,
+    h: int,
+    a: int,
+    L: int,
+    bytes_per_element: int = 4,
+    *,
+    vocab_size: int | None = None,
+) -> int:
+    """Bytes autograd saves in one forward of `workbench.core.models.GPT` (no dropout).
+
+    Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+    Models", eq. (1), gives per layer sbh(34 + 5as/h) bytes, for 16-bit activations
+    (2 bytes) *with* dropout (1-byte masks). Term by term (s seq, b batch, h width, a heads):
+
+    ==========================  paper (bytes, 16-bit)  here (elements, no dropout)
+    LayerNorm 1 input            2sbh                   sbh
+    QKV Linear input             2sbh                   sbh
+    Q and K (for QK^T)           4sbh                   2sbh
+    softmax output               2as²b                  as²b
+    attention dropout mask       as²b                   0   (no dropout)
+    dropout output (for @V)      2as²b                  0   (no dropout: @V saves the
+                                                             softmax output, same storage)
+    V (for @V)                   2sbh                   sbh
+    output proj input            2sbh                   sbh
+    attention dropout mask       sbh                    0
+    LayerNorm 2 input            2sbh                   sbh
+    MLP first Linear input       2sbh                   sbh
+    GELU input                   8sbh                   4sbh
+    MLP second Linear input      8sbh                   4sbh
+    MLP dropout mask             sbh                    0
+    LayerNorm mean and rstd      (neglected)            2 x 2sb
+    ==========================
+    total                        34sbh + 5as²b          16sbh + as²b + 4sb
+
+    So per layer: bytes_per_element · (16sbh + as²b + 4sb); in fp32 that is 64sbh + 4as²b
+    + 16sb, i.e. exactly the paper's 32sbh + 2as²b (its 34 minus two masks, its 5 minus the
+    mask and the dropout output) at twice the bytes, plus the LayerNorm statistics the
+    paper neglects (they are 4/h of a layer: 6% at h=64, so not negligible here). Q, K, V
+    are separate copies because `matmul` makes the head-transposed views contiguous
+    before its batched bmm; the fused qkv output itself is not saved.
+
+    With `vocab_size` the terms outside the blocks are added: the token ids the embedding
+    lookup keeps (sb int64 = 8sb bytes), the final LayerNorm's input and statistics
+    (sbh + 2sb elements) and the lm_head's input (sbh). The logits themselves are only
+    saved once a loss is taken (log_softmax keeps sbV more), so they are not included.
+    Without `vocab_size`, the L blocks only.
+    """
+    per_layer = 16 * s * b * h + a * s * s * b + 4 * s * b
+    total = L * per_layer * bytes_per_element
+    if vocab_size is not None:
+        total += 8 * s * b + (2 * s * b * h + 2 * s * b) * bytes_per_element
+    return total
+
+
+def gpt_flops_formula(
+    n_params_non_embedding: int, tokens: int, n_layer: int, d_model: int, seq_len: int
+) -> int:
+    """Training FLOPs (forward + backward) of a decoder-only transformer, Chinchilla style.
+
+    6·N·tokens + 12·n_layer·d_model·seq_len·tokens, where N is the number of weights that
+    multiply activations (`matmul_parameter_count`): 12·n_layer·d_model² in the blocks plus
+    vocab_size·d_model for the lm_head (tied to, but unlike, the embedding lookup, which
+    is not a matmul). Biases, LayerNorm gains and position embeddings are excluded: they
+    cost no matmul FLOPs. Forward is 2 FLOPs per weight per token, backward twice that
+    (gradient for the input and for the weight). Attention: QK^T and attention-times-V cost
+    2·s·d_model each per token per layer forward, x3 for forward + backward = 12·L·d·s.
+    The full s x s score matrix is counted (as the kernels compute it), not the causal half.
+    This is what `count_flops` measures for `workbench.core.models.GPT`, exactly.
+    """
+    return 6 * n_params_non_embedding * tokens + 12 * n_layer * d_model * seq_len * tokens

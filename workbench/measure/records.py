@@ -1,0 +1,91 @@
+"""The records a run emits, and the Sink protocol that receives them.
+
+The training loop never draws anything. It calls every sink with plain records
+(`RunStart`, `StepRecord`, `RunEnd`); views (the text printer and the live dashboard in
+`workbench.views`, the recorder tests use) decide what to show. Records are plain frozen
+dataclasses so they pickle across processes (the multi-process launcher sends
+children's records to the parent).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True, slots=True)
+class RunStart:
+    """Sent once before the first step."""
+
+    run_name: str
+    total_steps: int
+    """Optimizer steps the run will take."""
+    device: str
+    precision: str
+    config: dict[str, Any]
+    warnings: tuple[str, ...] = ()
+    """Things the learner must know, e.g. that this CPU emulates bf16."""
+    memory_total_bytes: int | None = None
+    """The device's total memory (a GPU's), or the machine's RAM on CPU."""
+    rank: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """Sent at every log step (the only place the loop syncs the device)."""
+
+    run_name: str
+    step: int
+    """Optimizer steps done so far (1-based)."""
+    total_steps: int
+    loss: float
+    """Mean training loss over the micro-batches since the last log step."""
+    elapsed_s: float
+    """Seconds since the run started (set-up excluded)."""
+    step_time_s: float
+    """Mean seconds per optimizer step since the last log step."""
+    samples_per_sec: float
+    tokens_per_sec: float | None = None
+    tflops_per_sec: float | None = None
+    mfu: float | None = None
+    """Model FLOP utilisation: achieved / peak FLOP/s of this device and dtype."""
+    memory_bytes: int | None = None
+    """Live memory now: CUDA allocated bytes, or process RSS on CPU."""
+    memory_peak_bytes: int | None = None
+    """Peak since the run started: CUDA allocator peak, or VmHWM on CPU."""
+    memory_reserved_bytes: int | None = None
+    """CUDA caching allocator reserved bytes (None on CPU)."""
+    memory_kind: str = "process RSS"
+    activation_bytes: int | None = None
+    """Exact saved-activation bytes of one micro-batch step (measured at step 1)."""
+    data_wait_s: float | None = None
+    """Mean seconds per step spent waiting for the next batch."""
+    lr: float | None = None
+    rank: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RunEnd:
+    """Sent once when the run stops, however it stops."""
+
+    run_name: str
+    status: str
+    """'ok', 'failed', 'interrupted' or 'oom'."""
+    steps_done: int
+    message: str = ""
+    """What happened, in one line (empty when status is 'ok')."""
+    summary: dict[str, Any] = field(default_factory=dict)
+    """Headline figures of the finished run (see RunResult.summary())."""
+    rank: int = 0
+
+
+@runtime_checkable
+class Sink(Protocol):
+    """Anything with these three methods can watch a run."""
+
+    def start(self, record: RunStart) -> None: ...
+
+    def log(self, record: StepRecord) -> None: ...
+
+    def end(self, record: RunEnd) -> None: ...

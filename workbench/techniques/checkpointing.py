@@ -1,0 +1,279 @@
+"""Activation checkpointing as a dial: how much memory each setting saves, and what it costs.
+
+The switch itself is `models.set_activation_checkpointing(model, blocks)` (used by
+`RunConfig.activation_checkpointing` and by notebooks alike): per block, with
+`torch.utils.checkpoint.checkpoint(use_reentrant=False)`. Here:
+
+- `Segments(n)` and `checkpoint_sequential_forward`: the same GPT run through
+  `torch.utils.checkpoint.checkpoint_sequential`, the API the seed article shows;
+- `checkpointing_dial(model, inputs, labels, settings)`: every setting measured in one
+  call on one model and batch: exact saved-activation bytes and FLOPs, the step's peak
+  memory, time per step (medians of interleaved rounds, so a noisy machine hits every
+  setting alike), and the gradients' difference from the first setting.
+
+Example:
+    >>> dial = checkpointing_dial(model, x, y, {"none": "none", "every other": "every_other",
+    ...                                         "2 segments": Segments(2), "all": "all"})  # doctest: +SKIP
+    >>> dial.ratio("saved_bytes", "all"), dial.ratio("step_time_s", "all")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint_sequential
+
+from workbench.views.compare import figure_html
+from workbench.core.report import html_table
+from workbench.core.saved import note_saved
+from workbench.measure.counters import SavedActivationCounter
+from workbench.core.models import GPT, set_activation_checkpointing
+from workbench.measure.probe import gradients, max_relative_difference, step_peak
+from workbench.core.report import format_bytes
+from workbench.core.models import loss_fn
+
+__all__ = ["Segments", "segment_blocks", "checkpoint_sequential_forward", "DialPoint", "Dial",
+           "checkpointing_dial"]
+
+
+@dataclass(frozen=True)
+class Segments:
+    """Run the GPT's blocks through `checkpoint_sequential` in `n` segments."""
+
+    n: int
+
+
+def segment_blocks(n_blocks: int, segments: int) -> list[list[int]]:
+    """The blocks `checkpoint_sequential(blocks, segments, x)` checkpoints, as one list per segment.
+
+    The blocks are cut into `segments` runs of n_blocks // segments; every run but the last
+    is checkpointed as one unit (only its input is kept); the last run, with any
+    remainder, runs normally, since its activations are needed right away by backward.
+
+    Example:
+        >>> segment_blocks(4, 2), segment_blocks(4, 4), segment_blocks(5, 2)
+        ([[0, 1]], [[0], [1], [2]], [[0, 1]])
+    """
+    if isinstance(segments, bool) or not isinstance(segments, int) or not 1 <= segments <= n_blocks:
+        raise ValueError(f"segments={segments!r} must be a whole number from 1 to the {n_blocks} blocks")
+    size = n_blocks // segments
+    return [list(range(start, start + size)) for start in range(0, size * (segments - 1), size)]
+
+
+def checkpoint_sequential_forward(model: GPT, idx: torch.Tensor, segments: int) -> torch.Tensor:
+    """`model(idx)` with the blocks run by `torch.utils.checkpoint.checkpoint_sequential`.
+
+    Mirrors `GPT.forward` (embeddings, blocks, final LayerNorm, head); only the blocks'
+    call differs. Blocks checkpointed by `set_activation_checkpointing` are ignored here.
+    """
+    if not isinstance(model, GPT):
+        raise TypeError(f"checkpoint_sequential_forward takes the workbench GPT, not {type(model).__name__}")
+    chosen = segment_blocks(len(model.blocks), segments)
+    T = idx.size(1)
+    x = model.wte(idx) + model.wpe.weight[:T]
+    if model.training and model.dropout > 0:
+        x = F.dropout(x, model.dropout)
+    # Each checkpointed segment keeps its input alive for the recompute, outside any outer
+    # saved-tensor hooks: note it (as GPT.forward does per block) so counts stay exact.
+    hooks = [model.blocks[seg[0]].register_forward_pre_hook(lambda _m, args: note_saved(args[0]))
+             for seg in chosen] if torch.is_grad_enabled() else []
+    try:
+        x = checkpoint_sequential(nn.Sequential(*model.blocks), segments, x, use_reentrant=False,
+                                  preserve_rng_state=model.dropout > 0)
+    finally:
+        for hook in hooks:
+            hook.remove()  # before backward: the recompute must not note again
+    return model.lm_head(model.ln_f(x))
+
+
+Setting = str | Sequence[int] | Segments
+
+
+def _describe(model: nn.Module, setting: Setting) -> str:
+    if isinstance(setting, Segments):
+        segs = segment_blocks(len(model.blocks), setting.n)
+        return f"checkpoint_sequential({setting.n}): " + (" ".join(str(s) for s in segs) or "nothing")
+    if isinstance(model, GPT):
+        set_activation_checkpointing(model, setting)
+        blocks = sorted(model.checkpointed)
+        set_activation_checkpointing(model, "none")
+        return f"blocks {blocks}" if blocks else "no blocks"
+    if hasattr(model, "hf"):  # the pretrained MiniLM: Hugging Face's own switch
+        return {"none": "no layers", "all": "every layer (HF)", "every_other": "every 2nd layer (HF)"}.get(
+            str(setting), str(setting))
+    return str(setting)
+
+
+def _forward_for(model: nn.Module, setting: Setting) -> Callable[[torch.Tensor], torch.Tensor]:
+    if isinstance(setting, Segments):
+        set_activation_checkpointing(model, "none")
+        return lambda x: checkpoint_sequential_forward(model, x, setting.n)
+    set_activation_checkpointing(model, setting)
+    return model
+
+
+@dataclass(frozen=True)
+class DialPoint:
+    name: str
+    checkpointed: str
+    """Which blocks are recomputed, in words."""
+    saved_bytes: int
+    """Exact bytes autograd keeps for backward (one forward + loss)."""
+    flops: int
+    """Exact FLOPs of forward + backward (recompute included)."""
+    step_time_s: float
+    """Median seconds of a forward + backward (optimizer step left out: checkpointing does not touch it)."""
+    peak_bytes: int | None
+    peak_kind: str
+    grad_difference: float
+    """Max relative difference of the gradients from the first setting's."""
+
+
+class Dial:
+    """Dial points measured together; ratios are to the first point (normally 'none')."""
+
+    def __init__(self, points: Sequence[DialPoint], *, rounds: int) -> None:
+        self.points, self.rounds = list(points), rounds
+        self._figure = None
+
+    def point(self, name: str) -> DialPoint:
+        for p in self.points:
+            if p.name == name:
+                return p
+        raise KeyError(f"no dial setting {name!r}; settings: {[p.name for p in self.points]}")
+
+    def ratio(self, metric: str, name: str) -> float:
+        """metric(name) / metric(first setting), e.g. ratio('saved_bytes', 'all')."""
+        num, den = getattr(self.point(name), metric), getattr(self.points[0], metric)
+        if num is None or not den:
+            raise ValueError(f"{metric} was not measured for {name!r} and {self.points[0].name!r}")
+        return num / den
+
+    def rows(self) -> list[list[str]]:
+        base = self.points[0]
+        rows = []
+        for p in self.points:
+            peak = format_bytes(p.peak_bytes) if p.peak_bytes is not None else "n/a"
+            rows.append([p.name, p.checkpointed, format_bytes(p.saved_bytes), f"{p.saved_bytes / base.saved_bytes:.2f}",
+                         f"{p.flops / 1e9:.3f}", f"{p.flops / base.flops - 1:+.1%}",
+                         f"{p.step_time_s * 1e3:.1f}", f"{p.step_time_s / base.step_time_s:.2f}", peak,
+                         f"{p.grad_difference:.1e}"])
+        return rows
+
+    header = ["setting", "recomputed", "saved activations", "x none", "GFLOPs / step", "extra FLOPs",
+              "ms / step", "x none", "peak", "grad difference"]
+
+    def _repr_html_(self) -> str:
+        caption = (f"checkpointing dial: times are medians of {self.rounds} interleaved rounds; "
+                   f"peak = {self.points[0].peak_kind}")
+        return (html_table(self.rows(), header=self.header, caption=caption)
+                + figure_html(self.figure))
+
+    def __str__(self) -> str:
+        lines = [self.header, *self.rows()]
+        widths = [max(len(r[i]) for r in lines) for i in range(len(self.header))]
+        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in lines)
+
+    __repr__ = __str__
+
+    @property
+    def figure(self):
+        """Memory against extra time (measured) and against extra FLOPs (exact)."""
+        if self._figure is None:
+            from matplotlib.figure import Figure
+
+            fig = Figure(figsize=(11, 3.6))
+            ax_time, ax_flops = fig.subplots(1, 2, sharey=True)
+            base = self.points[0]
+            mib = 2**-20
+            for ax, xs, label in (
+                (ax_time, [100 * (p.step_time_s / base.step_time_s - 1) for p in self.points], "extra time per step (%), measured"),
+                (ax_flops, [100 * (p.flops / base.flops - 1) for p in self.points], "extra FLOPs per step (%), exact"),
+            ):
+                ax.plot(xs, [p.saved_bytes * mib for p in self.points], "o", label="saved activations")
+                if all(p.peak_bytes is not None for p in self.points):
+                    ax.plot(xs, [p.peak_bytes * mib for p in self.points], "s", mfc="none",
+                            label=f"peak ({base.peak_kind})")
+                for i, (x, p) in enumerate(zip(xs, self.points)):  # alternate up/down: neighbours overlap
+                    ax.annotate(p.name, (x, p.saved_bytes * mib), textcoords="offset points",
+                                xytext=(4, 5 if i % 2 == 0 else -12), fontsize=8)
+                ax.set_xlabel(label)
+                ax.grid(alpha=0.3)
+            ax_time.set_ylabel("MiB")
+            ax_time.legend(fontsize=8)
+            fig.suptitle("activation checkpointing: memory against compute")
+            fig.tight_layout()
+            self._figure = fig
+        return self._figure
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # timing a step, not training: a sync per step is right here
+
+
+def checkpointing_dial(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
+                       settings: Mapping[str, Setting], *, rounds: int = 7, seed: int = 0) -> Dial:
+    """Measure each checkpointing setting on the same model and batch, in one call.
+
+    `settings` maps a name to anything `set_activation_checkpointing` takes ("none",
+    "all", "every_other", block indices) or a `Segments(n)`. The first is the reference
+    for ratios and gradient differences (normally "none"). Per setting: one exactly
+    counted step (saved bytes around forward + loss, FLOPs around forward + backward),
+    one step under the peak tracker, then `rounds` timed rounds interleaved across the
+    settings after one warm-up round. The model is left with checkpointing off.
+    """
+    if not settings:
+        raise ValueError("settings is empty; pass e.g. {'none': 'none', 'all': 'all'}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds={rounds!r} must be a whole number >= 1")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model.train()
+    device = inputs.device
+    names = list(settings)
+    described = {n: _describe(model, settings[n]) for n in names}
+
+    def step(forward: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        model.zero_grad(set_to_none=True)
+        loss_fn(forward(inputs), labels).backward()
+
+    exact: dict[str, tuple[int, int, list[torch.Tensor]]] = {}
+    for n in names:
+        forward = _forward_for(model, settings[n])
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(seed)  # the same dropout masks for every setting: gradients comparable
+        with FlopCounterMode(display=False) as flops:
+            with SavedActivationCounter(model) as saved:
+                loss = loss_fn(forward(inputs), labels)
+            loss.backward()
+        exact[n] = (saved.bytes, int(flops.get_total_flops()), gradients(model))
+    peaks = {}
+    for n in names:
+        forward = _forward_for(model, settings[n])
+        model.zero_grad(set_to_none=True)  # each step starts from the same state: no grads
+        peaks[n] = step_peak(lambda forward=forward: step(forward), track=[model], device=device)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds + 1):
+        for n in names:
+            forward = _forward_for(model, settings[n])
+            _sync(device)
+            start = time.perf_counter()
+            step(forward)
+            _sync(device)
+            if r:  # round 0 warms up allocator and kernels for every setting alike
+                times[n].append(time.perf_counter() - start)
+    set_activation_checkpointing(model, "none")
+    model.zero_grad(set_to_none=True)
+    reference = exact[names[0]][2]
+    points = [DialPoint(name=n, checkpointed=described[n], saved_bytes=exact[n][0], flops=exact[n][1],
+                        step_time_s=statistics.median(times[n]), peak_bytes=peaks[n].bytes,
+                        peak_kind=peaks[n].kind, grad_difference=max_relative_difference(exact[n][2], reference))
+              for n in names]
+    return Dial(points, rounds=rounds)

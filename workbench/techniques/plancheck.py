@@ -1,0 +1,227 @@
+"""Check a plan against real runs: the largest micro-batch, predicted and searched, and a
+plan's predicted memory and FLOPs next to what its run measured.
+
+- `max_micro_batch(config, target)`: the largest micro-batch the estimate says fits;
+- `search_micro_batch(config, start)`: the largest that runs, found by accelerate's
+  `find_executable_batch_size` with real one-step runs (real OOMs on a GPU; on a CPU the
+  simulated budget `RunConfig.memory_budget_bytes`, checked on the run's exact counts);
+- `verify(plan)`: run the plan and lay the prediction next to the measurement.
+
+Example:
+    >>> target = Target.this_machine(memory_budget_bytes=16 * 2**20)            # doctest: +SKIP
+    >>> cfg = RunConfig(model="gpt", memory_budget_bytes=16 * 2**20)            # doctest: +SKIP
+    >>> predicted = max_micro_batch(cfg, target=target)                          # doctest: +SKIP
+    >>> search_micro_batch(cfg, start=predicted + 1, reduce=lambda b: b - 1)     # doctest: +SKIP
+    (7, [(8, 'oom'), (7, 'ok')])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from workbench.core.config import RunConfig
+from workbench.core.data import train_size
+from workbench.measure.estimate import estimate
+from workbench.techniques.planning import Plan, Target
+from workbench.core.report import format_bytes
+
+__all__ = ["max_micro_batch", "search_micro_batch", "Verification", "verify", "Arm", "Scorecard"]
+
+
+def max_micro_batch(config: RunConfig, *, target: Target, vocab_size: int | None = None) -> int:
+    """The largest micro-batch whose predicted memory fits `target` (0 if none does).
+
+    Memory is affine in the micro-batch (estimated at 1 and 2 samples), so this solves
+    for it, then checks the answer with one more estimate.
+    """
+    base = dataclasses.replace(config.resolved(), epochs=None)
+
+    def at(batch: int) -> int:
+        return target.memory_of(estimate(dataclasses.replace(base, batch_size=batch), vocab_size=vocab_size))
+
+    one, two = at(1), at(2)
+    if one > target.usable_bytes:
+        return 0
+    per_sample = max(1, two - one)
+    b = 1 + (target.usable_bytes - one) // per_sample
+    b = min(b, train_size(base.data, base.seq_len) or b)
+    while b > 1 and at(b) > target.usable_bytes:  # the affine fit is exact for counts; be safe
+        b -= 1
+    return int(b)
+
+
+def search_micro_batch(config: RunConfig, *, start: int, reduce: Callable[[int], int] | None = None,
+                       runner: Callable[..., Any] | None = None) -> tuple[int, list[tuple[int, str]]]:
+    """The largest micro-batch that runs, found with accelerate's `find_executable_batch_size`.
+
+    Each try is a real `run()` of one optimizer step; a try that ends 'oom' (a CUDA OOM on a
+    GPU, the simulated budget on a CPU) is raised again as torch.OutOfMemoryError, so
+    accelerate shrinks the batch and tries again: by `reduce(batch)` (default: accelerate's
+    own x0.9). Starting just above a prediction with `reduce=lambda b: b - 1` checks the
+    prediction at its edge in two tries. Returns (batch, [(batch tried, status), ...]).
+    """
+    import torch
+    from accelerate.utils import find_executable_batch_size
+
+    from workbench.engine.train import run
+
+    runner = runner or run
+    tries: list[tuple[int, str]] = []
+    base = dataclasses.replace(config.resolved(), epochs=None, steps=1, eval_samples=0, grad_accum_steps=1)
+
+    def shrink_batch() -> int:
+        last = tries[-1][0]
+        return reduce(last) if reduce else int(last * 0.9)
+
+    @find_executable_batch_size(starting_batch_size=start, reduce_batch_size_fn=shrink_batch)
+    def attempt(batch_size: int) -> int:
+        result = runner(dataclasses.replace(base, batch_size=batch_size), sinks=[], name=f"try b{batch_size}")
+        tries.append((batch_size, result.status))
+        if result.status == "oom":
+            raise torch.OutOfMemoryError(result.message)
+        if result.status != "ok":
+            raise RuntimeError(f"trial run at batch_size={batch_size} ended {result.status}: {result.message}")
+        return batch_size
+
+    return attempt(), tries
+
+
+@dataclass(frozen=True)
+class Verification:
+    """A plan's prediction next to what its run measured."""
+
+    plan: Plan
+    result: Any
+    """The RunResult."""
+
+    def rows(self) -> list[tuple[str, str, str, str]]:
+        est, m, r = self.plan.estimate, self.result.memory, self.result
+        pairs = [("parameters", est.parameter_bytes, m.parameter_bytes),
+                 ("gradients", est.gradient_bytes, m.gradient_bytes),
+                 ("optimizer state", est.optimizer_state_bytes, m.optimizer_state_bytes),
+                 ("saved activations (one micro-batch)", est.activation_bytes, m.activation_bytes),
+                 ("counted total", est.counted_bytes, self.measured_counted_bytes)]
+        rows = [(k, format_bytes(p), format_bytes(v), f"{v / p:.3f}" if p and v is not None else "n/a")
+                for k, p, v in pairs]
+        rows.append(("FLOPs per optimizer step", f"{est.flops_per_step:,}", f"{r.flops_per_step:,}",
+                     f"{r.flops_per_step / est.flops_per_step:.3f}" if r.flops_per_step else "n/a"))
+        if r.device == "cuda" and m.peak_bytes:
+            rows.append(("peak (CUDA max_memory_allocated)", format_bytes(est.peak_bytes), format_bytes(m.peak_bytes),
+                         f"{m.peak_bytes / est.peak_bytes:.3f}"))
+        else:
+            rows.append(("peak", format_bytes(est.peak_bytes), "not measurable on CPU (VmHWM holds the interpreter)",
+                         "n/a"))
+        return rows
+
+    @property
+    def measured_counted_bytes(self) -> int | None:
+        m = self.result.memory
+        if m is None or m.activation_bytes is None:
+            return None
+        return m.parameter_bytes + m.gradient_bytes + m.optimizer_state_bytes + m.activation_bytes
+
+    def _repr_html_(self) -> str:
+        from workbench.core.report import html_table
+
+        return html_table(self.rows(), header=["part", "predicted", "measured", "measured / predicted"],
+                          caption=f"{self.plan.label}: run status {self.result.status}")
+
+    def __str__(self) -> str:
+        from workbench.core.report import Table
+
+        return str(Table(["part", "predicted", "measured", "ratio"], [list(r) for r in self.rows()]))
+
+    __repr__ = __str__
+
+
+def verify(chosen: Plan, *, name: str | None = None, **run_kwargs: Any) -> Verification:
+    """Run the plan's config with `run()` (shown live unless `sinks=` says otherwise) and pair
+    the result with the prediction."""
+    from workbench.engine.train import run
+    from workbench.views.dashboard import default_sinks
+
+    run_kwargs.setdefault("sinks", default_sinks())
+    return Verification(chosen, run(chosen.config, name=name or chosen.label, **run_kwargs))
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One row of a before/after scorecard: a run, its plan's estimate, its largest micro-batch."""
+
+    name: str
+    result: Any
+    """The RunResult (status 'oom' is a row too)."""
+    estimate: Any
+    """The Estimate of the config the run used."""
+    max_micro_batch_predicted: int
+    max_micro_batch_found: int | None = None
+    """From search_micro_batch (real runs); None if not searched."""
+
+
+class Scorecard:
+    """Seed 000's before/after table, measured: largest micro-batch, memory, time, accuracy.
+
+    Memory is the exact count of a step (what the simulated budget holds), time the measured
+    time per sample; the figure draws the same four columns as bars.
+    """
+
+    header = ["run", "status", "plan", "largest micro-batch (predicted / found)", "memory (exact count)",
+              "predicted peak", "ms / sample", "held-out accuracy"]
+
+    def __init__(self, arms: list[Arm], *, budget_bytes: int | None = None) -> None:
+        self.arms, self.budget_bytes = list(arms), budget_bytes
+        self._figure = None
+
+    def rows(self) -> list[list[str]]:
+        rows = []
+        for a in self.arms:
+            c, r = a.result.config, a.result
+            found = "-" if a.max_micro_batch_found is None else str(a.max_micro_batch_found)
+            per_sample = f"{1e3 / r.samples_per_sec:.2f}" if r.samples_per_sec else "n/a"
+            accuracy = f"{r.accuracy:.3f}" if r.accuracy is not None else "n/a"
+            rows.append([a.name, r.status, f"{c.precision}, ckpt {c.activation_checkpointing}, "
+                         f"{c.batch_size} x {c.grad_accum_steps}", f"{a.max_micro_batch_predicted} / {found}",
+                         format_bytes(a.estimate.counted_bytes), format_bytes(a.estimate.peak_bytes), per_sample,
+                         accuracy])
+        return rows
+
+    @property
+    def figure(self):
+        if self._figure is None:
+            from matplotlib.figure import Figure  # no pyplot: no global figure state
+
+            fig = Figure(figsize=(13, 3))
+            axes = fig.subplots(1, 4)
+            names = [a.name for a in self.arms]
+            colors = [f"C{i}" for i in range(len(names))]
+            bars = [("largest micro-batch (found)", [a.max_micro_batch_found or 0 for a in self.arms]),
+                    ("memory of a step (MiB, exact)", [a.estimate.counted_bytes / 2**20 for a in self.arms]),
+                    ("ms per sample", [1e3 / a.result.samples_per_sec if a.result.samples_per_sec else 0
+                                       for a in self.arms]),
+                    ("held-out accuracy", [a.result.accuracy or 0 for a in self.arms])]
+            for ax, (title, values) in zip(axes, bars):
+                ax.bar(range(len(names)), values, color=colors)
+                ax.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=8)
+                ax.set_title(title, fontsize=9)
+            if self.budget_bytes:
+                axes[1].axhline(self.budget_bytes / 2**20, color="k", linestyle="--", label="budget")
+                axes[1].legend(fontsize=8)
+            fig.tight_layout()
+            self._figure = fig
+        return self._figure
+
+    def _repr_html_(self) -> str:
+        from workbench.views.compare import figure_html
+        from workbench.core.report import html_table
+
+        return html_table(self.rows(), header=self.header) + figure_html(self.figure)
+
+    def __str__(self) -> str:
+        from workbench.core.report import Table
+
+        return str(Table(self.header, self.rows()))
+
+    __repr__ = __str__

@@ -1,0 +1,294 @@
+"""Measure quantized models side by side: size on disk, latency per batch, accuracy.
+
+`measure(model, data, name=...)` gives one `QuantResult`; `compare_quantized(results)` lays
+them out as a table and a figure, the first as the baseline for ratios.
+
+* size on disk: the state_dict saved into memory (`torch.save` to a BytesIO), counting only
+  tensors the model uses (an exported, converted graph keeps its unused fp32 originals);
+* Linear weight bytes: an exact count of what the (formerly) Linear weights hold as stored:
+  values plus scales and zero points; deterministic, so nbval can check it;
+* latency: seconds for one batch, the median over the evaluation's full batches (topped up to
+  `repeats` timings), the first `warmup` untimed, with a fixed thread count (noisy: compare as
+  ratios measured in the same session);
+* accuracy on the given held-out examples, and agreement: the share of predictions equal to
+  the baseline's.
+
+Example:
+    >>> base = measure(model, data.test, name="fp32")                         # doctest: +SKIP
+    >>> int8 = measure(dynamic_int8(model), data.test, name="int8", baseline=base)  # doctest: +SKIP
+    >>> compare_quantized([base, int8])                                        # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import io
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from workbench.core.report import Table, html_table
+from workbench.views.compare import figure_html
+from workbench.core.report import format_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class QuantResult:
+    name: str
+    size_bytes: int
+    """torch.save(state_dict) into memory: the file a deployment would ship."""
+    linear_weight_bytes: int
+    """Exact bytes of the (formerly) Linear weights as stored, scales and zero points included."""
+    latency_s: float
+    """Median seconds per batch of `batch_size`, warm-up excluded."""
+    latency_times_s: list[float]
+    accuracy: float
+    agreement: float | None
+    """Share of predictions equal to the baseline's (None for the baseline itself)."""
+    samples: int
+    batch_size: int
+    threads: int
+    device: str
+    note: str = ""
+    predictions: torch.Tensor | None = field(default=None, repr=False, compare=False)
+
+
+def _tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes a tensor holds: inner tensors of a torchao subclass, int values plus per-channel
+    scales of a torch quantized tensor, else numel x element size."""
+    if hasattr(t, "__tensor_flatten__") and type(t) is not torch.Tensor and not isinstance(t, nn.Parameter):
+        names, _ = t.__tensor_flatten__()
+        return sum(_tensor_bytes(getattr(t, n)) for n in names if getattr(t, n, None) is not None)
+    if isinstance(t, nn.Parameter) and type(t.data) is not torch.Tensor:
+        return _tensor_bytes(t.data)  # a torchao subclass wrapped in a Parameter
+    if t.is_quantized:
+        extra = 0
+        if t.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
+            extra = _tensor_bytes(t.q_per_channel_scales()) + _tensor_bytes(t.q_per_channel_zero_points())
+        return t.numel() * t.element_size() + extra
+    return t.numel() * t.element_size()
+
+
+def _graph_linear_weights(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
+    """The stored tensors behind each linear's weight in an exported graph (pt2e)."""
+    found: dict[int, torch.Tensor] = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and "linear" in str(node.target):
+            weight = node.args[1]
+            sources = [weight]
+            if weight.op == "call_function" and "dequantize" in str(weight.target):
+                sources = [a for a in weight.args if isinstance(a, torch.fx.Node)]
+            for src in sources:
+                if src.op == "get_attr":
+                    t = _attr(gm, src.target)
+                    found[id(t)] = t
+    return list(found.values())
+
+
+def _attr(root: nn.Module, target: str) -> Any:
+    obj: Any = root
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def linear_weight_bytes(model: nn.Module) -> int:
+    """Exact bytes of the Linear weights of `model` as stored (any quantization path here).
+
+    Example:
+        >>> linear_weight_bytes(nn.Linear(256, 10))   # 2,560 fp32 weights
+        10240
+    """
+    if isinstance(model, torch.fx.GraphModule) and any(n.op == "call_function" for n in model.graph.nodes):
+        return sum(_tensor_bytes(t) for t in _graph_linear_weights(model))
+    total = 0
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            total += _tensor_bytes(m.weight)
+        elif isinstance(m, torch.ao.nn.quantized.dynamic.Linear):
+            total += _tensor_bytes(m.weight())
+    return total
+
+
+def _used_state_dict(model: nn.Module) -> dict[str, Any]:
+    state = model.state_dict()
+    if not isinstance(model, torch.fx.GraphModule):
+        return state
+    # pt2e's convert leaves the original fp32 weights as unused attributes: ship only what
+    # the graph reads (get_attr targets, or a module's own tensors for call_module nodes).
+    used = [n.target for n in model.graph.nodes if n.op in ("get_attr", "call_module")]
+    return {k: v for k, v in state.items() if any(k == u or k.startswith(f"{u}.") for u in used)}
+
+
+def size_on_disk(model: nn.Module) -> int:
+    """Bytes of `torch.save(model.state_dict())`, written to memory, not disk."""
+    buffer = io.BytesIO()
+    torch.save(_used_state_dict(model), buffer)
+    return buffer.tell()
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    for t in (*model.parameters(), *model.buffers()):
+        return t.device
+    return torch.device("cpu")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # a timing needs the GPU's work finished
+
+
+@torch.no_grad()
+def measure(model: nn.Module, data: Any, *, name: str, baseline: QuantResult | None = None,
+            batch_size: int = 64, repeats: int = 10, warmup: int = 1, threads: int | None = None,
+            note: str = "") -> QuantResult:
+    """Size, latency per batch and accuracy of `model` on `data` (a dataset with .inputs and
+    .labels, e.g. `wb.load_data(...).test`), on the device the model is on.
+
+    The evaluation's full batches double as latency samples (the first `warmup` untimed);
+    when they give fewer than `repeats` timings, the first batch is run again until they do.
+    `threads`: torch CPU threads while measuring (default: the current setting); keep it the
+    same for every variant compared.
+    """
+    if not (hasattr(data, "inputs") and hasattr(data, "labels")):
+        raise TypeError(f"data must have .inputs and .labels (e.g. wb.load_data(...).test), got {type(data).__name__}")
+    if batch_size < 1 or repeats < 1 or warmup < 0:
+        raise ValueError(f"batch_size={batch_size} and repeats={repeats} must be >= 1, warmup={warmup} >= 0")
+    previous_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        model.eval()
+        device = _device_of(model)
+        inputs, labels = data.inputs, data.labels
+        batch_size = min(batch_size, len(labels))
+        predictions, times = [], []
+
+        def timed(batch: torch.Tensor) -> torch.Tensor:
+            _sync(device)
+            start = time.perf_counter()
+            logits = model(batch)
+            _sync(device)
+            times.append(time.perf_counter() - start)
+            return logits
+
+        for i in range(0, len(labels), batch_size):
+            batch = inputs[i:i + batch_size].to(device)
+            # Only full batches are timed: a short last batch would pull the median down.
+            logits = timed(batch) if len(batch) == batch_size else model(batch)
+            predictions.append(logits.argmax(-1).cpu())
+        predictions = torch.cat(predictions)
+        # The first calls pick kernels, fill caches and, for some paths, quantize lazily.
+        first = inputs[:batch_size].to(device)
+        for _ in range(warmup - len(times)):  # too few full batches to warm up on
+            model(first)
+        times = times[warmup:]
+        while len(times) < repeats:
+            timed(first)
+        used_threads = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(previous_threads)
+    agreement = None
+    if baseline is not None and baseline.predictions is not None:
+        if len(baseline.predictions) != len(predictions):
+            raise ValueError(f"baseline {baseline.name!r} was measured on {len(baseline.predictions)} examples, "
+                             f"this on {len(predictions)}; measure both on the same data")
+        agreement = (baseline.predictions == predictions).float().mean().item()
+    return QuantResult(
+        name=name, size_bytes=size_on_disk(model), linear_weight_bytes=linear_weight_bytes(model),
+        latency_s=statistics.median(times), latency_times_s=times,
+        accuracy=(predictions == labels).float().mean().item(), agreement=agreement,
+        samples=len(labels), batch_size=batch_size, threads=used_threads,
+        device=device.type, note=note, predictions=predictions,
+    )
+
+
+class QuantComparison:
+    """Quantized variants side by side; ratios against the first. Example:
+
+        >>> cmp = compare_quantized([fp32, int8])         # doctest: +SKIP
+        >>> cmp.ratio("latency_s", "int8")  # int8 time over fp32 time  # doctest: +SKIP
+    """
+
+    def __init__(self, results: Sequence[QuantResult]) -> None:
+        if not results:
+            raise ValueError("compare_quantized() needs at least one QuantResult; pass [baseline, variant, ...]")
+        names = [r.name for r in results]
+        if len(set(names)) != len(names):
+            raise ValueError(f"variant names must differ to compare them, got {names}; pass name= to measure()")
+        self.results = list(results)
+        self._figure = None
+
+    def result(self, name: str) -> QuantResult:
+        for r in self.results:
+            if r.name == name:
+                return r
+        raise KeyError(f"no variant named {name!r}; variants: {[r.name for r in self.results]}")
+
+    def ratio(self, metric: str, name: str, *, to: str | None = None) -> float:
+        """metric(name) / metric(to, default the first variant)."""
+        base = self.result(to) if to else self.results[0]
+        return getattr(self.result(name), metric) / getattr(base, metric)
+
+    @property
+    def table(self) -> Table:
+        base = self.results[0]
+        header = ["variant", "device", "size on disk", "x smaller", "Linear weights", "ms / batch",
+                  "x faster", "accuracy", "change (points)", "agrees with first", "note"]
+        rows = []
+        for r in self.results:
+            rows.append([
+                r.name, r.device, format_bytes(r.size_bytes), f"{base.size_bytes / r.size_bytes:.2f}",
+                format_bytes(r.linear_weight_bytes), f"{r.latency_s * 1e3:.1f}",
+                f"{base.latency_s / r.latency_s:.2f}", f"{r.accuracy:.3f}",
+                f"{(r.accuracy - base.accuracy) * 100:+.1f}",
+                "-" if r.agreement is None else f"{r.agreement:.1%}", r.note,
+            ])
+        return Table(header, rows)
+
+    @property
+    def figure(self):
+        if self._figure is None:
+            self._figure = quant_figure(self.results)
+        return self._figure
+
+    def _repr_html_(self) -> str:
+        r = self.results[0]
+        caption = (f"{r.samples} held-out examples; latency: median of {len(r.latency_times_s)} batches "
+                   f"of {r.batch_size}, {r.threads} thread(s), warm-up excluded")
+        return html_table(self.table.rows, header=self.table.header, caption=caption) + figure_html(self.figure)
+
+    def __str__(self) -> str:
+        return str(self.table)
+
+    __repr__ = __str__
+
+
+def quant_figure(results: Sequence[QuantResult]):
+    """Bars of size on disk, latency per batch and accuracy, one colour per variant."""
+    from matplotlib.figure import Figure  # no pyplot: no global figure state
+
+    fig = Figure(figsize=(13, 3.4))
+    axes = fig.subplots(1, 3)
+    names = [r.name for r in results]
+    colours = [f"C{i}" for i in range(len(results))]
+    panels = [([r.size_bytes / 2**20 for r in results], "size on disk (MiB)"),
+              ([r.latency_s * 1e3 for r in results], f"ms per batch of {results[0].batch_size}"),
+              ([r.accuracy for r in results], "held-out accuracy")]
+    for ax, (values, title) in zip(axes, panels):
+        ax.bar(range(len(results)), values, color=colours)
+        ax.set_xticks(range(len(results)), names, rotation=25, ha="right", fontsize=8)
+        ax.set_title(title)
+    low = min(r.accuracy for r in results)
+    axes[2].set_ylim(max(0.0, low - 0.1), min(1.0, max(r.accuracy for r in results) + 0.05))
+    fig.tight_layout()
+    return fig
+
+
+def compare_quantized(results: Sequence[QuantResult]) -> QuantComparison:
+    """Lay quantized variants side by side; the first is the baseline for ratios."""
+    return QuantComparison(results)

@@ -1,0 +1,82 @@
+"""The headless sinks: a text progress log, and a recorder for tests and replays.
+
+The live widget dashboard is the other view (`dashboard.py`); all receive the records
+of `workbench.measure.records`.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+from workbench.core.report import format_bytes
+from workbench.measure.records import RunEnd, RunStart, StepRecord
+
+
+class RecordingSink:
+    """Keeps every record in memory: for tests and for replaying a run."""
+
+    def __init__(self) -> None:
+        self.starts: list[RunStart] = []
+        self.steps: list[StepRecord] = []
+        self.ends: list[RunEnd] = []
+
+    def start(self, record: RunStart) -> None:
+        self.starts.append(record)
+
+    def log(self, record: StepRecord) -> None:
+        self.steps.append(record)
+
+    def end(self, record: RunEnd) -> None:
+        self.ends.append(record)
+
+
+class TextSink:
+    """Prints a progress line per log step: the headless view (CLI, CI, nbval).
+
+    Lines are throttled to at most one every `min_interval_s` (the last step is
+    always printed) so a long run does not flood a notebook's output.
+    """
+
+    def __init__(self, stream: TextIO | None = None, *, min_interval_s: float = 1.0) -> None:
+        self.stream = stream
+        self.min_interval_s = min_interval_s
+        self._last_print = 0.0
+
+    def _print(self, text: str) -> None:
+        print(text, file=self.stream or sys.stdout, flush=True)
+
+    def start(self, record: RunStart) -> None:
+        self._last_print = 0.0
+        self._print(
+            f"[{record.run_name}] {record.total_steps} steps on {record.device}, {record.precision}"
+        )
+        for warning in record.warnings:
+            self._print(f"[{record.run_name}] note: {warning}")
+
+    def log(self, record: StepRecord) -> None:
+        now = time.monotonic()
+        last = record.step >= record.total_steps
+        if not last and now - self._last_print < self.min_interval_s:
+            return
+        self._last_print = now
+        parts = [
+            f"[{record.run_name}] step {record.step}/{record.total_steps}",
+            f"loss {record.loss:.4f}",
+            f"{record.step_time_s * 1e3:.1f} ms/step",
+            f"{record.samples_per_sec:,.0f} samples/s",
+        ]
+        if record.tokens_per_sec is not None:
+            parts.append(f"{record.tokens_per_sec:,.0f} tokens/s")
+        if record.memory_bytes is not None:
+            parts.append(f"{record.memory_kind} {format_bytes(record.memory_bytes)}")
+        self._print(" | ".join(parts))
+
+    def end(self, record: RunEnd) -> None:
+        if record.status == "ok":
+            self._print(f"[{record.run_name}] done: {record.steps_done} steps")
+        else:
+            self._print(
+                f"[{record.run_name}] {record.status} after {record.steps_done} steps: {record.message}"
+            )
