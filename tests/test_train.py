@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+import workbench as wb
 from workbench import RunConfig, run
 from workbench.core.models import parameter_count
 from workbench.views.sinks import RecordingSink
@@ -79,10 +80,19 @@ def test_a_failing_run_reports_and_leaves_the_process_usable():
     assert run(RunConfig(**TINY), sinks=[], name="after").status == "ok"
 
 
-def test_an_interrupt_keeps_the_partial_curve():
-    result = run(RunConfig(**TINY), sinks=[_RaiseAtStep(KeyboardInterrupt(), at=8)], name="stopped")
+def test_an_interrupt_stops_the_caller_and_keeps_the_partial_curve_reachable():
+    sink = RecordingSink()
+    # A KeyboardInterrupt, so a notebook's queued cells (Run All) stop here too.
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        run(RunConfig(**TINY), sinks=[sink, _RaiseAtStep(KeyboardInterrupt(), at=8)], name="stopped")
+    assert isinstance(stopped.value, wb.RunInterrupted) and "workbench.last_result()" in str(stopped.value)
+    result = stopped.value.result
+    assert result is wb.last_result()
     assert result.status == "interrupted" and result.steps_done == 8
     assert result.loss_steps == [4, 8] and result.accuracy is None
+    assert sink.ends[-1].status == "interrupted" and sink.ends[-1].message == "stopped by the user at step 8"
+    assert run(RunConfig(**TINY), sinks=[], name="after").status == "ok"  # the process stays usable
+    assert wb.last_result().name == "after"
 
 
 def test_an_out_of_memory_error_becomes_an_oom_result():

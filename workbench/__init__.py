@@ -22,6 +22,8 @@ _EXPORTS = {
     "ConfigError": "core.config",
     "run": "api",
     "launch": "api",
+    "last_result": "engine.train",
+    "RunInterrupted": "engine.train",
     "RunResult": "measure.result",
     "MemoryBreakdown": "measure.result",
     "compare": "views.compare",
@@ -73,6 +75,7 @@ if TYPE_CHECKING:
     from workbench.core.presets import get_preset
     from workbench.core.report import format_bytes
     from workbench.engine.launch import LaunchError, launch_function
+    from workbench.engine.train import RunInterrupted, last_result
     from workbench.measure.estimate import Estimate, estimate
     from workbench.measure.oom import parse_oom
     from workbench.measure.records import RunEnd, RunStart, Sink, StepRecord

@@ -118,10 +118,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = config_from_args(args)
     except ConfigError as error:
         parser.error(str(error))  # one line, exit status 2
+    from workbench.engine.train import RunInterrupted, run
     from workbench.views.sinks import TextSink
-    from workbench.engine.train import run
 
-    result = run(config, sinks=[_MainProcessOnly(TextSink())], name=args.name)
+    try:
+        result = run(config, sinks=[_MainProcessOnly(TextSink())], name=args.name)
+    except RunInterrupted as stopped:  # Ctrl-C: the log said so; report what was done, exit 130
+        result = stopped.result
     # RANK is set by every launcher (accelerate launch, torchrun); absent: one process.
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"{result!r}; {result.num_processes} process(es); accuracy "
@@ -132,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "eval_loss": result.eval_loss}
             with open(args.json, "w") as out:
                 json.dump(figures, out, indent=1)
-    return 0 if result.status == "ok" else 1
+    return {"ok": 0, "interrupted": 130}.get(result.status, 1)
 
 
 if __name__ == "__main__":

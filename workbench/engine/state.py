@@ -7,48 +7,47 @@ excluded) plus the exact byte counts; `evaluate` scores the trained model.
 
 from __future__ import annotations
 
-import time
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from workbench.engine import resume
 from workbench.core.config import RunConfig
+from workbench.core.models import MODEL_SPECS
+from workbench.engine import resume
 from workbench.measure.counters import gradient_bytes, optimizer_state_bytes, parameter_bytes
-from workbench.measure.meters import Throughput, mfu
+from workbench.measure.meters import IntervalMeter, MemoryMeter, mfu
 from workbench.measure.result import MemoryBreakdown, RunResult
 
 
 class LoopState:
-    """What the loop has measured so far; partial results survive an interruption."""
+    """What the loop has measured so far; partial results survive an interruption.
+
+    `timing` is the pure interval bookkeeping (`measure.meters.IntervalMeter`), made when
+    the loop starts; the rest is the run's history, which a resumed run carries on
+    (`resume.LOOP_FIELDS`)."""
 
     def __init__(self) -> None:
         self.step = 0
         self.loss_steps: list[int] = []
         self.losses: list[float] = []
-        self.interval_times: list[float] = []
-        self.timed_seconds = 0.0
-        self.timed_steps = 0
-        self.timed_samples = 0
-        self.timed_tokens = 0
-        self.data_wait_s = 0.0
         self.activation_bytes: int | None = None
         self.flops_per_step: int | None = None
         self.start_memory: int | None = None
         self.data_position = resume.DataPosition()  # epoch and batch: where a resumed run goes on
         self.skipped_steps = 0
         self.loss_scales: list[float] = []
+        self.timing: IntervalMeter | None = None
 
 
-def build_result(cfg, name, status, message, state: LoopState, model, optimizer, meter, peak, peak_source,
-                 eval_loss, accuracy, device, warnings, wall_start, num_processes=1) -> RunResult:
+def build_result(*, cfg: RunConfig, name: str, status: str, message: str, state: LoopState, model: Any,
+                 optimizer: Any, meter: MemoryMeter, peak: float | None, peak_source: str,
+                 eval_loss: float | None, accuracy: float | None, device: torch.device,
+                 warnings: tuple[str, ...], wall_s: float, num_processes: int = 1) -> RunResult:
     """The RunResult of a finished (or stopped) loop: rates over the timed steps, exact counts."""
-    timed = state.timed_seconds > 0 and state.timed_steps > 0
-    rates = Throughput.over(
-        seconds=state.timed_seconds, steps=state.timed_steps, samples=state.timed_samples,
-        tokens=state.timed_tokens if cfg.model in ("gpt", "minilm") else None,
-        flops=(state.flops_per_step or 0) * state.timed_steps or None,
-    ) if timed else None
+    text = MODEL_SPECS[cfg.model].is_text
+    timing = state.timing
+    rates = timing.run_rates(flops_per_step=state.flops_per_step, text=text) if timing else None
     peak_bytes = meter.peak_bytes()
     memory = MemoryBreakdown(
         parameter_bytes=parameter_bytes(model),
@@ -64,15 +63,15 @@ def build_result(cfg, name, status, message, state: LoopState, model, optimizer,
         name=name, config=cfg, status=status, message=message, steps_done=state.step,
         loss_steps=state.loss_steps, losses=state.losses,
         step_time_s=rates.step_time_s if rates else None,
-        interval_step_times_s=state.interval_times,
+        interval_step_times_s=list(timing.interval_times) if timing else [],
         samples_per_sec=rates.samples_per_sec if rates else None,
         tokens_per_sec=rates.tokens_per_sec if rates else None,
         flops_per_step=state.flops_per_step,
         tflops_per_sec=rates.tflops_per_sec if rates else None,
-        mfu=mfu(rates.tflops_per_sec, peak) if rates else None, peak_flops_source=peak_source,
-        data_wait_fraction=state.data_wait_s / state.timed_seconds if timed else None,
+        mfu=mfu(rates.tflops_per_sec, peak and peak * num_processes) if rates else None, peak_flops_source=peak_source,
+        data_wait_fraction=timing.data_wait_fraction() if timing else None,
         memory=memory, eval_loss=eval_loss, accuracy=accuracy, device=device.type,
-        warnings=warnings, wall_s=time.perf_counter() - wall_start, num_processes=num_processes,
+        warnings=warnings, wall_s=wall_s, num_processes=num_processes,
         loss_scales=state.loss_scales, skipped_steps=state.skipped_steps,
     )
 

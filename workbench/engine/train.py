@@ -1,10 +1,12 @@
-"""The one training loop. Every technique switch is visible where it acts.
+"""The one training loop. Every technique switch is visible where it acts (`# technique:`).
 
 `run(config)` builds the data, model and optimizer, hands them to accelerate
 (which owns devices, mixed precision and gradient accumulation, on one CPU or
 many GPUs alike), trains, evaluates and returns a RunResult. It emits plain
 records to sinks and never draws. The device syncs only at log steps, where
-`loss.item()` syncs anyway.
+`loss.item()` syncs anyway. Kernel > Interrupt (Ctrl-C) ends the run with status
+'interrupted' and raises `RunInterrupted` (a KeyboardInterrupt, so a notebook's Run All
+stops there) carrying the partial result, which `last_result()` also returns.
 """
 
 from __future__ import annotations
@@ -17,18 +19,17 @@ from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from workbench.core import hardware
 from workbench.core.config import RunConfig
-from workbench.core.models import loss_fn
+from workbench.core.models import MODEL_SPECS, loss_fn
 from workbench.core.optim import make_optimizer
 from workbench.engine import resume
 from workbench.engine.accelerator import loss_scale, make_accelerator
 from workbench.engine.state import LoopState, build_result, evaluate
 from workbench.measure import oom
-from workbench.measure.counters import SavedActivationCounter, gradient_bytes, optimizer_state_bytes, parameter_bytes
-from workbench.measure.meters import MemoryMeter, Throughput, mfu
+from workbench.measure.counters import FlopCounter, SavedActivationCounter, gradient_bytes, optimizer_state_bytes, parameter_bytes
+from workbench.measure.meters import IntervalMeter, MemoryMeter, Throughput, mfu
 from workbench.measure.records import RunEnd, RunStart, Sink, StepRecord
 from workbench.measure.result import RunResult
 
@@ -51,11 +52,33 @@ def _batches(accelerator, loader: Iterable, position: resume.DataPosition) -> It
         position.epoch, position.batches_in_epoch = position.epoch + 1, 0
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """A run stopped by Kernel > Interrupt (Ctrl-C). Its partial RunResult (status
+    'interrupted', the curve so far) is `.result`, and `last_result()` returns it too.
+    It is a KeyboardInterrupt so that the cells queued after it (Run All) do not run."""
+
+    def __init__(self, result: RunResult) -> None:
+        super().__init__(f"{result.name}: {result.message}; the partial result is "
+                         "workbench.last_result() (or this exception's .result)")
+        self.result = result
+
+
+_last_results: list[RunResult] = []
+
+
+def last_result() -> RunResult | None:
+    """The RunResult of the most recent run in this process, however it ended (None before any)."""
+    return _last_results[-1] if _last_results else None
+
+
 def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = None,
         keep_model: bool = False) -> RunResult:
     """Train one run and measure it. `keep_model=True` hands the trained model back in
     `result.model` (unwrapped, in eval mode), e.g. to quantize it; by default it is
     dropped so a notebook of many runs does not hold every model in memory.
+
+    Returns the RunResult of a finished run (status 'ok') or of one that ran out of
+    memory ('oom'); raises `RunInterrupted` when interrupted, after every sink heard so.
 
     Example:
         >>> result = run(RunConfig(model="mlp", steps=20, preset="cpu-quick"), name="baseline")
@@ -108,20 +131,21 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
     for sink in sinks:
         sink.start(start)
 
-    status, message = "ok", ""
+    status, message, eval_loss, accuracy = "ok", "", None, None
     try:
         try:
             _train(cfg, name, accelerator, model, optimizer, loader, meter, peak, sinks, state)
+            if cfg.eval_samples:
+                eval_loss, accuracy = evaluate(accelerator, model, bundle.test, cfg)
         except KeyboardInterrupt:
             status, message = "interrupted", f"stopped by the user at step {state.step}"
         except torch.OutOfMemoryError as error:
             status, message = "oom", str(error).splitlines()[0]
-        eval_loss = accuracy = None
-        if status == "ok" and cfg.eval_samples:
-            eval_loss, accuracy = evaluate(accelerator, model, bundle.test, cfg)
-        result = build_result(cfg, name, status, message, state, model, optimizer, meter, peak,
-                              peak_source, eval_loss, accuracy, device, warnings, wall_start,
-                              accelerator.num_processes)
+        result = build_result(
+            cfg=cfg, name=name, status=status, message=message, state=state, model=model, optimizer=optimizer,
+            meter=meter, peak=peak, peak_source=peak_source, eval_loss=eval_loss, accuracy=accuracy,
+            device=device, warnings=warnings, wall_s=time.perf_counter() - wall_start,
+            num_processes=accelerator.num_processes)
     except BaseException as error:  # every sink hears how the run ended, whatever happened
         failure = f"{type(error).__name__}: {error}".splitlines()[0]
         for sink in sinks:
@@ -132,126 +156,114 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
     for sink in sinks:
         sink.end(RunEnd(run_name=name, status=status, steps_done=state.step, message=message,
                         summary=result.summary(), rank=accelerator.process_index))
+    _last_results[:] = [result]
     if status != "ok":
         _free(accelerator)
+        if status == "interrupted":
+            raise RunInterrupted(result)
     elif keep_model:
         result = dataclasses.replace(result, model=accelerator.unwrap_model(model, keep_fp32_wrapper=False).eval())
+        _last_results[:] = [result]
     return result
 
 
 def _train(cfg, name, accelerator, model, optimizer, loader, meter, peak, sinks, state) -> None:
-    is_text = cfg.model in ("gpt", "minilm")
+    """Fetch, forward, backward, step; at log steps measure, and tell the sinks."""
+    text = MODEL_SPECS[cfg.model].is_text
     model.train()
     meter.reset_peak()  # the peak from here on is this run's
     state.start_memory = meter.current_bytes()
+    state.timing = timing = IntervalMeter(start=time.perf_counter(), first_step=state.step + 1,
+                                          processes=accelerator.num_processes)
     batches = _batches(accelerator, loader, state.data_position)
-    running_loss = torch.zeros((), device=accelerator.device)  # summed on device: no sync per step
-    micro_in_window = 0
-    samples = tokens = 0
-    wait = 0.0
-    flops = 0
-    interval_start = time.perf_counter()
-    interval_first_step = state.step + 1  # 1, or the step after the last of a resumed run
+    running_loss = torch.zeros((), device=accelerator.device)  # summed on the device: no sync per step
+    micro_batches = probe_flops = 0
 
     while state.step < cfg.steps:
         fetch_start = time.perf_counter()
         batch = next(batches)
-        wait += time.perf_counter() - fetch_start
-        probe = state.step == 0  # the first optimizer step is measured exactly, and not timed
-        # technique: gradient accumulation. Inside accumulate(), backward() divides
-        # the loss by grad_accum_steps and optimizer.step() only acts (and DDP only
-        # all-reduces) on the last micro-batch of each window.
+        timing.add(samples=len(batch["labels"]), tokens=batch["inputs"].numel() if text else None,
+                   wait_s=time.perf_counter() - fetch_start)
+        probe = state.step == 0  # the first optimizer step is counted exactly, and not timed
+        # technique: gradient accumulation. Inside accumulate(), backward() divides the loss by
+        # grad_accum_steps and optimizer.step() only acts (and DDP only all-reduces) on the last
+        # micro-batch of each window.
         with accelerator.accumulate(model):
-            with FlopCounterMode(display=False) if probe else nullcontext() as flop_counter:
+            with FlopCounter() if probe else nullcontext() as flops:
                 with SavedActivationCounter(model) if probe else nullcontext() as saved:
                     logits = model(batch["inputs"])  # technique: precision (autocast inside)
                     loss = loss_fn(logits, batch["labels"])
-                accelerator.backward(loss)  # scales the loss first under fp16 (GradScaler)
-            if probe:
-                if state.activation_bytes is None:  # one micro-batch's worth
-                    state.activation_bytes = saved.bytes
-                flops += flop_counter.get_total_flops()
+                accelerator.backward(loss)  # fp16: scales the loss first (GradScaler)
             if accelerator.sync_gradients and cfg.max_grad_norm:
-                accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)  # fp16: unscales first
             optimizer.step()
-            # fp16: the GradScaler skips an update whose gradients hold inf/NaN (and
-            # halves its scale). It has synced to find out already, so reading is free.
             if accelerator.sync_gradients:
+                # fp16: the GradScaler skips an update whose gradients hold inf/NaN (and halves its
+                # scale); it has synced to find out already, so reading this is free.
                 state.skipped_steps += optimizer.step_was_skipped
-                # The same as optimizer.zero_grad(set_to_none=True) at the end of a window;
-                # accelerate's version inspects a signature on every call (110 us a step,
-                # measured: 1.5% of a small model's step).
+                # = optimizer.zero_grad(set_to_none=True) at the end of a window; accelerate's
+                # version inspects a signature on every call (110 us a step, measured).
                 model.zero_grad(set_to_none=True)
         running_loss += loss.detach()
-        micro_in_window += 1
-        samples += batch["labels"].shape[0]
-        if is_text:
-            tokens += batch["inputs"].numel()
+        micro_batches += 1
+        if probe:
+            probe_flops += flops.total
+            if state.activation_bytes is None:  # one micro-batch's worth (a resumed run keeps its own)
+                state.activation_bytes = saved.bytes
         if not accelerator.sync_gradients:
             continue
         state.step += 1
         if probe:
-            state.flops_per_step = flops
+            state.flops_per_step = probe_flops
             if cfg.memory_budget_bytes is not None:
-                # A simulated device memory (a CPU has none to run out of): the exact counts
-                # of this step against the budget; over it, the same torch.OutOfMemoryError
-                # a GPU raises, so run() ends it through the same 'oom' path.
+                # A simulated device memory (a CPU has none to run out of): the exact counts of this
+                # step against the budget; over it, the torch.OutOfMemoryError a GPU raises.
                 oom.check_budget(cfg.memory_budget_bytes, activation_bytes=state.activation_bytes or 0,
                                  model_state_bytes=parameter_bytes(model) + gradient_bytes(model, expected=True)
                                  + optimizer_state_bytes(optimizer))
-        is_log_step = state.step % cfg.log_every == 0 or state.step == cfg.steps
-        if probe and not is_log_step:
-            # Restart the clock after the probe step: it carries the counters'
-            # overhead and one-off warm-up (allocator, kernel selection).
-            running_loss.item()  # sync, so the probe's GPU work is not timed later
-            interval_start, interval_first_step = time.perf_counter(), 2
-            samples = tokens = 0
-            wait = 0.0
-        if not is_log_step:
+        if state.step % cfg.log_every and state.step != cfg.steps:
+            if probe:  # restart the clock after the probe: it ran the counters and one-off warm-up
+                running_loss.item()  # a sync, so the probe's GPU work is not timed later
+                timing.restart(now=time.perf_counter(), next_step=2)
             continue
         # Log step: the only device sync in the loop (.item() waits for the GPU).
-        window_loss = running_loss / micro_in_window
+        window_loss = running_loss / micro_batches
         if accelerator.num_processes > 1:  # data parallel: the loss of the whole global batch
             window_loss = accelerator.reduce(window_loss, reduction="mean")
-        mean_loss = window_loss.item()
-        running_loss.zero_()
-        micro_in_window = 0
-        now = time.perf_counter()
-        steps_in_interval = state.step - interval_first_step + 1
+        state.losses.append(window_loss.item())
         state.loss_steps.append(state.step)
-        state.losses.append(mean_loss)
-        scale = loss_scale(accelerator)  # fp16 only: the GradScaler's scale now
-        if scale is not None:
+        running_loss.zero_()
+        micro_batches = 0
+        interval = timing.close(now=time.perf_counter(), step=state.step, flops_per_step=state.flops_per_step,
+                                timed=not probe, text=text)  # the probe step is shown, not timed
+        if (scale := loss_scale(accelerator)) is not None:  # fp16: the GradScaler's scale now
             state.loss_scales.append(scale)
-        rates = Throughput.over(seconds=now - interval_start, steps=steps_in_interval,
-                                samples=samples * accelerator.num_processes,
-                                tokens=tokens * accelerator.num_processes if is_text else None,
-                                flops=(state.flops_per_step or 0) * steps_in_interval * accelerator.num_processes or None)
-        if not probe:  # the probe step is shown, but kept out of the run's timings
-            state.interval_times.append(rates.step_time_s)
-            state.timed_seconds += now - interval_start
-            state.timed_steps += steps_in_interval
-            state.timed_samples += samples * accelerator.num_processes  # all ranks' samples
-            state.timed_tokens += tokens * accelerator.num_processes
-            state.data_wait_s += wait
-        record = StepRecord(
-            run_name=name, step=state.step, total_steps=cfg.steps, loss=mean_loss,
-            elapsed_s=state.timed_seconds, step_time_s=rates.step_time_s,
-            samples_per_sec=rates.samples_per_sec, tokens_per_sec=rates.tokens_per_sec,
-            tflops_per_sec=rates.tflops_per_sec, mfu=mfu(rates.tflops_per_sec, peak),
-            memory_bytes=meter.current_bytes(), memory_peak_bytes=meter.peak_bytes(),
-            memory_reserved_bytes=meter.reserved_bytes(), memory_kind=meter.kind,
-            activation_bytes=state.activation_bytes, data_wait_s=wait / steps_in_interval,
-            lr=optimizer.param_groups[0]["lr"], rank=accelerator.process_index,
-            extra={} if scale is None else {"loss_scale": scale, "skipped_steps": state.skipped_steps},
-        )
+        record = _step_record(cfg, name, state, interval, meter, peak, optimizer, accelerator, scale, text)
         for sink in sinks:
             sink.log(record)
         if cfg.save_state_dir and (state.step % (cfg.save_every or cfg.steps) == 0 or state.step == cfg.steps):
             resume.save(accelerator, cfg, state)  # technique: save and resume (at log steps: windows line up)
-        interval_start, interval_first_step = time.perf_counter(), state.step + 1
-        samples = tokens = 0
-        wait = 0.0
+        timing.restart(now=time.perf_counter(), next_step=state.step + 1)  # the sinks' time is not a step's
+
+
+def _step_record(cfg, name, state, interval: Throughput, meter, peak, optimizer, accelerator, scale, text) -> StepRecord:
+    """What a log step tells the sinks: the last interval, the run's means so far, memory."""
+    timing = state.timing
+    group_peak = peak and peak * accelerator.num_processes  # MFU of the whole group: all processes' FLOPs
+    mean = timing.run_rates(flops_per_step=state.flops_per_step, text=text)
+    return StepRecord(
+        run_name=name, step=state.step, total_steps=cfg.steps, loss=state.losses[-1],
+        elapsed_s=timing.timed_seconds, step_time_s=interval.step_time_s,
+        samples_per_sec=interval.samples_per_sec, tokens_per_sec=interval.tokens_per_sec,
+        tflops_per_sec=interval.tflops_per_sec, mfu=mfu(interval.tflops_per_sec, group_peak),
+        mean_step_time_s=mean and mean.step_time_s, mean_samples_per_sec=mean and mean.samples_per_sec,
+        mean_tokens_per_sec=mean and mean.tokens_per_sec, mean_mfu=mean and mfu(mean.tflops_per_sec, group_peak),
+        memory_bytes=meter.current_bytes(), memory_peak_bytes=meter.peak_bytes(),
+        memory_reserved_bytes=meter.reserved_bytes(), memory_kind=meter.kind,
+        activation_bytes=state.activation_bytes, data_wait_s=timing.last_wait_s_per_step,
+        lr=optimizer.param_groups[0]["lr"], rank=accelerator.process_index,
+        extra={} if scale is None else {"loss_scale": scale, "skipped_steps": state.skipped_steps},
+    )
 
 
 def _free(accelerator) -> None:

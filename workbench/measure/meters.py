@@ -44,6 +44,81 @@ class Throughput:
         )
 
 
+class IntervalMeter:
+    """The loop's timing bookkeeping between log steps, and the run's timed totals. Pure:
+    the caller passes every clock reading, so tests feed hand-picked numbers.
+
+    Per micro-batch the loop adds what it fetched and how long it waited for it; at each
+    log step `close()` returns the interval's rates and, unless the interval is left out
+    of the run's timings (the probe step: it runs the exact counters and pays one-off
+    warm-up), adds it to the totals `run_rates()` reports. `processes` scales samples and
+    tokens to the whole data-parallel group (each process counts only its own shard).
+
+    Example:
+        >>> meter = IntervalMeter(start=0.0, first_step=1)
+        >>> meter.add(samples=32, tokens=None, wait_s=0.1); meter.add(samples=32, tokens=None, wait_s=0.1)
+        >>> meter.close(now=2.0, step=2, flops_per_step=None).samples_per_sec
+        32.0
+        >>> meter.run_rates(flops_per_step=None).step_time_s, meter.data_wait_fraction()
+        (1.0, 0.1)
+    """
+
+    def __init__(self, *, start: float, first_step: int, processes: int = 1) -> None:
+        self.processes = processes
+        self.timed_seconds = 0.0
+        self.timed_steps = 0
+        self.timed_samples = 0
+        self.timed_tokens = 0
+        self.timed_wait_s = 0.0
+        self.interval_times: list[float] = []
+        """Mean step time of each timed interval: shows the spread."""
+        self.last_wait_s_per_step = 0.0
+        self.restart(now=start, next_step=first_step)
+
+    def restart(self, *, now: float, next_step: int) -> None:
+        """Begin a new interval at `now`; `next_step` is its first optimizer step."""
+        self._start, self._first_step = now, next_step
+        self.samples = self.tokens = 0
+        self.wait_s = 0.0
+
+    def add(self, *, samples: int, tokens: int | None, wait_s: float) -> None:
+        """One micro-batch: its samples (and tokens, for text), and the wait for it."""
+        self.samples += samples
+        self.tokens += tokens or 0
+        self.wait_s += wait_s
+
+    def close(self, *, now: float, step: int, flops_per_step: int | None, timed: bool = True,
+              text: bool = False) -> Throughput:
+        """End the interval at log step `step`: its rates; `timed` adds it to the run's totals.
+        `last_wait_s_per_step` then holds the interval's mean wait for data per step."""
+        steps, seconds = step - self._first_step + 1, now - self._start
+        samples, tokens = self.samples * self.processes, self.tokens * self.processes
+        rates = Throughput.over(seconds=seconds, steps=steps, samples=samples, tokens=tokens if text else None,
+                                flops=(flops_per_step or 0) * steps * self.processes or None)
+        self.last_wait_s_per_step = self.wait_s / steps
+        if timed:
+            self.interval_times.append(rates.step_time_s)
+            self.timed_seconds += seconds
+            self.timed_steps += steps
+            self.timed_samples += samples
+            self.timed_tokens += tokens
+            self.timed_wait_s += self.wait_s
+        self.restart(now=now, next_step=step + 1)
+        return rates
+
+    def run_rates(self, *, flops_per_step: int | None, text: bool = False) -> Throughput | None:
+        """Rates over every timed step so far (None before the first timed interval)."""
+        if self.timed_seconds <= 0 or self.timed_steps <= 0:
+            return None
+        return Throughput.over(seconds=self.timed_seconds, steps=self.timed_steps, samples=self.timed_samples,
+                               tokens=self.timed_tokens if text else None,
+                               flops=(flops_per_step or 0) * self.timed_steps * self.processes or None)
+
+    def data_wait_fraction(self) -> float | None:
+        """Share of the timed seconds spent waiting for the next batch."""
+        return self.timed_wait_s / self.timed_seconds if self.timed_seconds > 0 else None
+
+
 def mfu(tflops_per_sec: float | None, peak_flops: float | None) -> float | None:
     """Model FLOP utilisation: achieved over peak (None when either is unknown)."""
     if tflops_per_sec is None or not peak_flops:

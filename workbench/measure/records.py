@@ -43,12 +43,23 @@ class StepRecord:
     elapsed_s: float
     """Seconds since the run started (set-up excluded)."""
     step_time_s: float
-    """Mean seconds per optimizer step since the last log step."""
+    """Mean seconds per optimizer step over the last interval (since the previous log step)."""
     samples_per_sec: float
+    """Over the last interval, every process's samples."""
     tokens_per_sec: float | None = None
+    """Over the last interval (text models)."""
     tflops_per_sec: float | None = None
+    """Over the last interval, every process's FLOPs."""
     mfu: float | None = None
-    """Model FLOP utilisation: achieved / peak FLOP/s of this device and dtype."""
+    """Model FLOP utilisation over the last interval: achieved / peak FLOP/s of this device and
+    dtype; None where the dtype is emulated (no native peak to hold it against)."""
+    mean_step_time_s: float | None = None
+    """Mean seconds per step over the run's timed steps so far (the first step is not timed):
+    at the last step, the RunResult's step_time_s."""
+    mean_samples_per_sec: float | None = None
+    """Over the run's timed steps so far: at the last step, the RunResult's samples_per_sec."""
+    mean_tokens_per_sec: float | None = None
+    mean_mfu: float | None = None
     memory_bytes: int | None = None
     """Live memory now: CUDA allocated bytes, or process RSS on CPU."""
     memory_peak_bytes: int | None = None
