@@ -126,7 +126,7 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
     start = RunStart(
         run_name=name, total_steps=cfg.steps, device=f"{device.type}", precision=cfg.precision,
         config=cfg.to_dict(), warnings=warnings, memory_total_bytes=meter.total_bytes(),
-        rank=accelerator.process_index,
+        rank=accelerator.process_index, peak_flops=peak, peak_flops_source=peak_source,
     )
     for sink in sinks:
         sink.start(start)

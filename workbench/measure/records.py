@@ -28,6 +28,10 @@ class RunStart:
     memory_total_bytes: int | None = None
     """The device's total memory (a GPU's), or the machine's RAM on CPU."""
     rank: int = 0
+    peak_flops: float | None = None
+    """The device's peak FLOP/s in this precision, MFU's denominator; None where there is no
+    honest one (an emulated dtype, an unknown GPU): `peak_flops_source` says why."""
+    peak_flops_source: str = ""
 
 
 @dataclass(frozen=True, slots=True)
