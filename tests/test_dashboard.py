@@ -188,9 +188,9 @@ def test_a_slow_view_updates_less_often_so_it_stays_within_its_budget(dash, cloc
 
 def test_the_curve_is_hidden_until_its_first_point(dash):
     dash.start(start())
-    assert dash.plot.widget.layout.display == "none"  # no empty frame, no broken image
+    assert dash.plot.figure.layout.display == "none"  # no empty frame, no broken image
     dash.log(step(1))
-    assert dash.plot.widget.layout.display is None
+    assert dash.plot.figure.layout.display is None
 
 
 def test_an_interrupted_run_says_where_it_stopped_consistently(dash, clock):
@@ -215,7 +215,7 @@ def test_a_failure_shows_a_short_status_a_red_bar_and_folded_details(dash, statu
     assert f"{word} at step 1 of 200" in dash.details.value and "Tried to allocate" in dash.details.value
     assert "<details" in dash.details.value and "<details open" not in dash.details.value
     assert "no step was logged" in dash.numbers.value
-    assert dash.plot.widget.layout.display == "none" and dash.plot.png() is None
+    assert dash.plot.figure.layout.display == "none" and dash.plot.png() is None
 
 
 def test_a_done_run_has_a_full_green_bar_and_no_details(dash):
@@ -279,6 +279,7 @@ def test_curves_that_lie_on_each_other_stay_visible_and_are_named(dash, clock):
     assert dash.plot.overlaps == ["fp16 (dashed, circle markers) lies on fp32",
                                   "bf16 (dotted, square markers) lies on fp32"]
     assert dash.plot.note.layout.display is None and "lies on" in dash.plot.note.value
+    assert "note: bf16 (dotted, square markers) lies on fp32" in dash.summary()  # what GitHub shows
 
 
 def test_a_repeated_run_name_gets_its_own_curve_label(dash):
@@ -371,7 +372,7 @@ def test_a_finished_run_leaves_its_curve_as_a_static_png_and_a_text_summary(show
     assert kinds == [("display", "Dashboard"), ("update", "Dashboard"), ("text", "str"), ("display", "Image")]
     assert shown[2][1].startswith("baseline: done, step 2 / 2, 7.6 ms/step (run mean), final loss 1.0000")
     assert shown[-1][1].data == dash.last_png and dash.last_png.startswith(b"\x89PNG")
-    assert dash.plot.widget.layout.display == "none"  # the static copy below replaces the live plot
+    assert dash.plot.figure.layout.display == "none"  # the static copy below replaces the live plot
 
 
 def test_a_shared_view_keeps_one_static_png_per_cell(shown, clock):

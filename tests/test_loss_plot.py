@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from workbench.views.loss_plot import Curve, coincides, thin, y_axis_range
+from workbench.views.loss_plot import Curve, coincides, thin, tick_decimals, y_axis_range
 
 
 def test_thin_keeps_short_curves_whole():
@@ -27,6 +27,12 @@ def test_y_axis_has_round_ticks_inside_padded_bounds():
     assert (low, high) == pytest.approx((0.013 - 0.025 * 1.357, 1.37 + 0.025 * 1.357))
     assert ticks == [0.0, 0.25, 0.5, 0.75, 1.0, 1.25]
     assert all(low <= t <= high for t in ticks)
+
+
+def test_ticks_are_written_with_one_number_of_decimals():
+    assert tick_decimals([0.0, 0.25, 0.5, 0.75]) == 2
+    assert tick_decimals([2.3, 2.302, 2.304]) == 3
+    assert tick_decimals([0, 1000, 2000]) == 0
 
 
 @pytest.mark.parametrize("low, high", [(2.302, 2.302), (0.0, 0.0), (4.8, 5.2), (1e-4, 0.0476), (-3.0, 1e6)])
@@ -55,7 +61,7 @@ def test_a_non_finite_loss_becomes_a_gap():
     assert math.isnan(curve.losses[0])
 
 
-def test_the_png_draws_every_curve_and_names_the_overlaps():
+def test_the_png_draws_every_curve_and_the_overlaps_are_named():
     pytest.importorskip("bqplot")
     from workbench.views.loss_plot import LossPlot
 
@@ -70,3 +76,4 @@ def test_the_png_draws_every_curve_and_names_the_overlaps():
     assert plot.overlaps == ["bf16 (dashed, circle markers) lies on fp32"]
     assert plot.png().startswith(b"\x89PNG")
     assert plot.y_axis.tick_values is not None and len(plot.y_axis.tick_values) >= 3
+    assert plot.y_axis.tick_format == ".1f"  # ticks 0.0, 0.5, 1.0, ... for losses 0.07-2.0

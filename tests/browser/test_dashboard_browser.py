@@ -6,8 +6,9 @@ test-artifacts/ (git-ignored):
 
   dashboard_running.png      a run mid-way: the curve drawn in the browser, growing
   dashboard_done.png         the same run finished, as it stays after a later run
+  dashboard_shared.png       one view the notebook made and passed to three runs
   dashboard_interrupted.png  Kernel > Interrupt (the toolbar's stop button) mid-run
-  dashboard_oom.png          a run over a simulated memory budget
+  dashboard_oom.png          a run over a simulated memory budget (and _details.png, unfolded)
 
 The widgets must render as widgets (the JupyterLab extensions of ipywidgets and bqplot
 installed): where they show as plain text these tests fail.
@@ -42,6 +43,12 @@ from workbench.measure.result import results_table
 table = results_table([second])
 print("results table:", dict(zip(table.header, table.rows[0])))
 """
+SHARED_VIEW_CELL = """\
+view = wb.Dashboard()  # one view for the three runs below, asked for
+same = wb.RunConfig(model="mlp", preset="cpu-quick", steps=60, log_every=5, eval_samples=0)
+for name in ("fp32 a", "fp32 b", "fp32 c"):  # the same seed: the same curve three times
+    wb.run(same, sinks=[view], name=name)
+"""
 INTERRUPTED_CELL = """\
 import workbench as wb
 wb.run(wb.RunConfig(model="mlp", preset="cpu-quick", steps=200_000, log_every=20, eval_samples=0),
@@ -70,12 +77,14 @@ READ_CELL_JS = """([cellSelector, index]) => {
   return {
     prompt: text('.jp-InputArea-prompt'),
     dashboard: !!el.querySelector('.jupyter-widgets.wb-dashboard'),
+    dashboards: el.querySelectorAll('.jupyter-widgets.wb-dashboard').length,
     view_text: text('.wb-dashboard'),
     title: text('.wb-title'),
     status: text('.wb-status'),
     step: text('.wb-step'),
     details: text('.wb-details summary'),
     details_open: !!el.querySelector('.wb-details details[open]'),
+    details_text: text('.wb-details details'),
     mean_ms: text('.wb-numbers [data-k="mean_step_time_s"]'),
     mean_samples: text('.wb-numbers [data-k="mean_samples_per_sec"]'),
     bar_width: bar ? bar.style.width : null,
@@ -160,7 +169,7 @@ def _view_state(sample: dict) -> dict:
 
 
 def test_each_run_draws_its_curve_live_and_keeps_its_final_view(jupyter_lab, page):
-    _open(page, jupyter_lab, "live.ipynb", LONG_RUN_CELL, SECOND_RUN_CELL)
+    _open(page, jupyter_lab, "live.ipynb", LONG_RUN_CELL, SECOND_RUN_CELL, SHARED_VIEW_CELL)
     _run_cell(page, 0)
 
     samples: list[dict] = []
@@ -182,6 +191,8 @@ def test_each_run_draws_its_curve_live_and_keeps_its_final_view(jupyter_lab, pag
     assert not [s for s in done["stderr"] if "Traceback" in s or "dashboard error" in s], done["stderr"]
     _assert_rendered_as_widgets(done)
 
+    broken = [s for s in samples if s and not all(image["ok"] for image in s["images"])]
+    assert not broken, f"a broken image showed while the cell ran (at the kernel's first run): {broken[0]}"
     live = [s for s in samples if s and s["prompt"] == "[*]:" and s["figure_rendered"] and s["curve_points"]]
     assert len(live) >= 3, f"fewer than three readings of a drawn curve while the cell ran: {samples[-3:]}"
     assert live[-1]["curve_points"] > live[0]["curve_points"], (
@@ -213,6 +224,18 @@ def test_each_run_draws_its_curve_live_and_keeps_its_final_view(jupyter_lab, pag
     assert after["title"].startswith("first run"), after["title"]
     assert _view_state(after) == before, "the first cell's view changed when a later cell ran"
 
+    _run_cell(page, 2)
+    _wait(page, jupyter_lab, lambda: _finished(_read(page, 2)), 90, "the shared-view cell to finish")
+    shared = _read(page, 2)
+    _shot(page, 2, "dashboard_shared.png")
+    assert not shared["errors"] and not shared["stderr"], shared["errors"] + shared["stderr"]
+    _assert_rendered_as_widgets(shared)
+    assert shared["dashboards"] == 1 and len(shared["images"]) == 1, (
+        f"one view and one static image for the three runs, not {shared['dashboards']} and {len(shared['images'])}")
+    assert "fp32 b (dashed, circle markers) lies on fp32 a" in shared["view_text"], shared["view_text"]
+    assert "runs on this view" in shared["view_text"] and "fp32 c" in shared["view_text"]
+    assert _view_state(_read(page, 0)) == before
+
 
 def test_interrupted_and_out_of_memory_runs_say_so_in_a_short_line_with_details(jupyter_lab, page):
     _open(page, jupyter_lab, "failures.ipynb", INTERRUPTED_CELL, OOM_CELL)
@@ -226,8 +249,11 @@ def test_interrupted_and_out_of_memory_runs_say_so_in_a_short_line_with_details(
     _shot(page, 0, "dashboard_interrupted.png")
     _assert_rendered_as_widgets(stopped)
     assert stopped["status"] == "interrupted", stopped["status"]
-    # JupyterLab renders a cell's error as stderr: the RunInterrupted that stops Run All there.
-    assert "RunInterrupted" in " ".join(stopped["stderr"]), "Run All must stop at an interrupted run"
+    # JupyterLab renders a cell's error as stderr: the RunInterrupted that stops Run All there,
+    # one line under the view rather than a screen of library frames.
+    error = " ".join(stopped["stderr"])
+    assert "RunInterrupted: stopped by hand" in error, "Run All must stop at an interrupted run"
+    assert "Traceback" not in error and len(error.splitlines()) <= 3, error
     at = int(re.match(r"stopped at step (\d+) / 200000", stopped["step"]).group(1))
     assert stopped["details"] == f"interrupted at step {at} of 200000: details", stopped["details"]
     assert not stopped["details_open"], "the details start folded"
@@ -245,3 +271,7 @@ def test_interrupted_and_out_of_memory_runs_say_so_in_a_short_line_with_details(
     assert "danger" in oom["bar_class"] and oom["bar_width"] == "100%" and oom["bar_pixels"] > 50, oom
     assert oom["title_pixels"] > 200, f"the title is squeezed to {oom['title_pixels']} px"
     assert oom["images"] == [], "a run that logged no step has no curve to show"
+    page.locator(CELL).nth(1).locator(".wb-details summary").click()
+    _wait(page, jupyter_lab, lambda: _read(page, 1)["details_open"], 10, "the details to unfold")
+    _shot(page, 1, "dashboard_oom_details.png")
+    assert "Simulated by the workbench" in _read(page, 1)["details_text"]

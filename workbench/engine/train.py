@@ -62,6 +62,11 @@ class RunInterrupted(KeyboardInterrupt):
                          "workbench.last_result() (or this exception's .result)")
         self.result = result
 
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows for it: this line, not a screen of library frames under the
+        run's view (the cell still ends in error, so Run All stops here)."""
+        return [f"RunInterrupted: {self}"]
+
 
 _last_results: list[RunResult] = []
 

@@ -153,13 +153,13 @@ class Dashboard:
         self.history = part(w.HTML(layout=hidden), "wb-history")
         self.errors = part(w.Output(), "wb-errors")
         self.plot = LossPlot()
-        self.plot.widget.layout.display = "none"  # until the first point: never an empty frame
-        part(self.plot.widget, "wb-plot")
+        self.plot.figure.layout.display = "none"  # until the first point: never an empty frame
+        part(self.plot.figure, "wb-plot")
         # The plot comes last so the static copy shown at the end lands where it was.
         self.widget = part(w.VBox([
             w.HBox([self.title, self.status], layout={"align_items": "center"}),
             w.HBox([self.progress, self.step_text], layout={"align_items": "center"}),
-            self.warnings, self.details, self.numbers, self.history, self.errors, self.plot.widget,
+            self.warnings, self.details, self.numbers, self.history, self.errors, self.plot.note, self.plot.figure,
         ]), "wb-dashboard")
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
@@ -185,6 +185,7 @@ class Dashboard:
             if view.last is not None:
                 parts.append(f"final loss {view.last.loss:.4f}" if view.end else f"loss {view.last.loss:.4f}")
             lines.append(", ".join(parts))
+        lines += [f"note: {overlap}" for overlap in self.plot.overlaps]
         return "\n".join(lines) + "\n(live view; needs a running kernel. The final curve is the image below.)"
 
     # -- the Sink protocol; every piece is guarded so a view bug never stops a run --
@@ -313,9 +314,11 @@ class Dashboard:
                 format_metric("samples_per_sec", final.get("samples_per_sec", last and last.mean_samples_per_sec)),
                 f"{format_bytes(peak)} ({last.memory_kind})" if peak else "-",
             ])
-        cells = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
-        heads = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-        self.history.value = (f'<table style="font-size:90%" cellpadding="3"><caption style="text-align:left">'
+        cell = 'style="padding:1px 1.2em 1px 0;text-align:left'
+        cells = "".join("<tr>" + "".join(f'<td {cell}">{html.escape(c)}</td>' for c in row) + "</tr>" for row in rows)
+        heads = "".join(f'<th {cell};font-weight:normal;opacity:0.75">{html.escape(h)}</th>' for h in header)
+        self.history.value = (f'<table class="wb-history-table" style="font-size:90%;line-height:1.3;'
+                              f'border-collapse:collapse;margin-bottom:0.4em"><caption style="text-align:left">'
                               f'runs on this view</caption><tr>{heads}</tr>{cells}</table>')
         self.history.layout.display = None
 
@@ -360,8 +363,8 @@ class Dashboard:
             return
         began = time.perf_counter()
         self.plot.draw(view.curve)  # only the current run's curve moves
-        if self.plot.widget.layout.display == "none" and view.end is None:
-            self.plot.widget.layout.display = None
+        if self.plot.figure.layout.display == "none" and view.end is None:
+            self.plot.figure.layout.display = None
         self.plot_updates += 1
         # A slow machine draws less often rather than slowing the run down.
         self._plot_every = max(self.plot_interval_s, self._typical_cost("plot", began) / (_VIEW_BUDGET / 2))
@@ -392,4 +395,4 @@ class Dashboard:
             self._static.update(image)  # one image per cell, showing every run so far
         else:
             self._static, self._static_in = display(image, display_id=True), _cell()
-        self.plot.widget.layout.display = "none"  # the static copy just below shows the same curves
+        self.plot.figure.layout.display = "none"  # the static copy just below shows the same curves

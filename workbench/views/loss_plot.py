@@ -79,6 +79,16 @@ def y_axis_range(low: float, high: float, *, count: int = 5, padding: float = 0.
     return round(low, 12), round(high, 12), ticks
 
 
+def tick_decimals(ticks: list[float]) -> int:
+    """The fewest decimals that write every tick exactly: [0.0, 0.25, 0.5] -> 2.
+
+    Example:
+        >>> tick_decimals([0.0, 0.25, 0.5]), tick_decimals([0, 1000, 2000]), tick_decimals([2.26, 2.28])
+        (2, 0, 2)
+    """
+    return next((d for d in range(10) if all(abs(round(t, d) - t) < 1e-9 * max(1.0, abs(t)) for t in ticks)), 10)
+
+
 def coincides(a: Curve, b: Curve, *, rel_tol: float = 1e-3) -> bool:
     """Whether two curves lie on each other: the same loss (to rel_tol) at every shared step."""
     theirs = dict(zip(b.steps, b.losses))
@@ -112,7 +122,7 @@ class LossPlot:
     last step logged, so a curve fills the width however long its run (the progress bar shows
     how far along it is).
 
-    `widget` is the figure plus a one-line note naming curves that lie on each other.
+    `figure` is the bqplot Figure; `note` a line naming curves that lie on each other.
     """
 
     def __init__(self) -> None:
@@ -136,9 +146,8 @@ class LossPlot:
             layout=w.Layout(width=f"{WIDTH_PX}px", max_width="100%", height=f"{HEIGHT_PX}px"),
         )
         self.figure.add_class("wb-plot-figure")
-        self.note = w.HTML(layout={"display": "none"})
+        self.note = w.HTML(layout={"display": "none"})  # stays when the figure steps aside for its PNG
         self.note.add_class("wb-plot-note")
-        self.widget = w.VBox([self.figure, self.note])
 
     def add_curve(self, label: str) -> Curve:
         line, marker, color = (curve := Curve(label, len(self.curves))).style
@@ -168,7 +177,9 @@ class LossPlot:
                 with self.y_scale.hold_sync():  # messages only when the axis changes
                     self.y_scale.min, self.y_scale.max = low, high
                 if ticks != self._y_ticks:
-                    self._y_ticks = self.y_axis.tick_values = ticks
+                    with self.y_axis.hold_sync():
+                        self._y_ticks = self.y_axis.tick_values = ticks
+                        self.y_axis.tick_format = f".{tick_decimals(ticks)}f"  # 0.25, 0.50, not 0.25, 0.5
 
     def note_overlaps(self) -> None:
         """Say which curves lie on an earlier one (their dashes and markers tell them apart)."""
@@ -179,7 +190,7 @@ class LossPlot:
                 line, marker, _ = curve.style
                 self.overlaps.append(f"{curve.label} ({line.replace('_', '-')}, {marker} markers) lies on {twin.label}")
         text = "; ".join(self.overlaps) + (": the same loss at every logged step" if self.overlaps else "")
-        self.note.value = f'<span style="font-size:90%">&#8505; {html.escape(text)}</span>' if text else ""
+        self.note.value = f'<span style="font-size:90%">Note: {html.escape(text)}.</span>' if text else ""
         self.note.layout.display = None if text else "none"
 
     def png(self) -> bytes | None:
@@ -198,8 +209,6 @@ class LossPlot:
         ax.set_xlim(0, max(max(c.steps, default=1) for c in self.curves))
         if len(self.curves) > 1:
             ax.legend(loc="upper right", fontsize="small")
-        if self.overlaps:
-            ax.set_title("; ".join(self.overlaps), fontsize="small", loc="left")
         buffer = io.BytesIO()
         fig.savefig(buffer, format="png")
         return buffer.getvalue()
