@@ -10,9 +10,9 @@ one curve per run and a table of the finished ones.
 Its widgets are built once and only their values change. The loss curve is drawn by the
 browser from the points the kernel sends (`loss_plot.LossPlot`, bqplot); the numbers
 (`run_numbers`) say which are the last interval's and which the run's means. Each part
-refreshes at most every `numbers_interval_s` / `plot_interval_s`, and never more often than
-keeps its measured cost under half of `_VIEW_BUDGET` of the run's time; `end` always draws
-the final state. When a run ends its curve is also left as an ordinary PNG output, which
+refreshes at most every `numbers_interval_s` / `plot_interval_s`, and only while the time the
+view has spent in `log` stays within `_VIEW_BUDGET` of the time since its run started; `end`
+always draws the final state. When a run ends its curve is also left as an ordinary PNG output, which
 GitHub and nbviewer show to readers without a kernel, and the live figure steps aside.
 
 Example:
@@ -40,9 +40,11 @@ from workbench.views import run_numbers
 from workbench.views.sinks import TextSink
 
 _MAX_SHOWN_ERRORS = 5
-# The share of the run's wall time the view may take. Numbers and plot each get half:
-# after an update the next waits at least (its cost / its share), so an update that cost
-# 0.5 ms waits 0.1 s. The intervals given to Dashboard() are the floor.
+# The share of a run's wall time its view may take while it trains. Before each update the
+# view checks that its time in log() so far, plus the update's typical cost, stays within
+# this share of the time since the run started: a slow machine draws less often rather than
+# slowing the run down. In a kernel an update costs ~1-1.5 ms (~3 ms on this 2-core machine
+# under load: handing the messages to the kernel's IOPub thread), so at 2 Hz about 0.3-0.6%.
 _VIEW_BUDGET = 0.01
 
 
@@ -129,8 +131,9 @@ class Dashboard:
         self.numbers_updates = self.plot_updates = self.errors_seen = 0
         self.busy_s = 0.0
         """Seconds spent in this view's start/log/end so far (the static PNG included)."""
+        self.live_busy_s = 0.0
+        """Seconds the current run's log() calls took: what `_VIEW_BUDGET` bounds."""
         self.last_png: bytes | None = None
-        self._plot_every, self._numbers_every = plot_interval_s, numbers_interval_s
         self._last_numbers = self._last_plot = -math.inf
         self._costs: dict[str, float] = {}
         self._displayed_in: int | None = None
@@ -202,13 +205,28 @@ class Dashboard:
         began = time.perf_counter()
         if self._guard("log", self._record, record):
             now = self.clock()
-            if now - self._last_numbers >= self._numbers_every:
-                self._last_numbers = now
-                self._guard("numbers", self._draw_numbers)
-            if now - self._last_plot >= self._plot_every:
+            # The curve first: when the budget is tight it is the part a learner watches.
+            if now - self._last_plot >= self.plot_interval_s and self._affordable("plot", now):
                 self._last_plot = now
-                self._guard("plot", self._draw_plot)
-        self.busy_s += time.perf_counter() - began
+                self._guard("plot", self._timed, "plot", self._draw_plot)
+            if now - self._last_numbers >= self.numbers_interval_s and self._affordable("numbers", now):
+                self._last_numbers = now
+                self._guard("numbers", self._timed, "numbers", self._draw_numbers)
+        spent = time.perf_counter() - began
+        self.busy_s += spent
+        self.live_busy_s += spent
+
+    def _affordable(self, part: str, now: float) -> bool:
+        """Whether an update of `part` keeps the view within its budget of the run's time."""
+        elapsed = now - self.current.started_at if self.current is not None else 0.0
+        return self.live_busy_s + self._costs.get(part, 0.0) <= _VIEW_BUDGET * elapsed
+
+    def _timed(self, part: str, draw: Callable[[], None]) -> None:
+        """Draw, and keep a smoothed cost of the part (single updates spike to ~5 ms)."""
+        began = time.perf_counter()
+        draw()
+        cost, previous = time.perf_counter() - began, self._costs.get(part)
+        self._costs[part] = cost if previous is None else 0.8 * previous + 0.2 * cost
 
     def end(self, record: RunEnd) -> None:
         if record.rank != 0:
@@ -262,6 +280,7 @@ class Dashboard:
         self.details.value, self.details.layout.display = "", "none"
         self.numbers.value = '<span style="opacity:0.6">the numbers appear at the first log step</span>'
         self._last_numbers = self._last_plot = -math.inf  # show the first step at once
+        self.live_busy_s = 0.0  # each run's budget is its own
         if self.auto_display and _shell() is not None and self._displayed_in != _cell():
             from IPython.display import display
 
@@ -326,7 +345,6 @@ class Dashboard:
         view = self.current
         if view is None:
             return
-        began = time.perf_counter()
         record, end, total = view.last, view.end, view.start.total_steps
         now = view.ended_at if view.ended_at is not None else self.clock()
         elapsed = run_numbers.duration(now - view.started_at)
@@ -355,28 +373,15 @@ class Dashboard:
         self.numbers.value = run_numbers.numbers_html(
             rates, figures, interval=(view.interval_first_step, record.step), final=end is not None)
         self.numbers_updates += 1
-        self._numbers_every = max(self.numbers_interval_s, self._typical_cost("numbers", began) / (_VIEW_BUDGET / 2))
 
     def _draw_plot(self) -> None:
         view = self.current
         if view is None or not view.curve.steps:
             return
-        began = time.perf_counter()
         self.plot.draw(view.curve)  # only the current run's curve moves
         if self.plot.figure.layout.display == "none" and view.end is None:
             self.plot.figure.layout.display = None
         self.plot_updates += 1
-        # A slow machine draws less often rather than slowing the run down.
-        self._plot_every = max(self.plot_interval_s, self._typical_cost("plot", began) / (_VIEW_BUDGET / 2))
-
-    def _typical_cost(self, part: str, began: float) -> float:
-        """The part's update cost, smoothed: in a kernel an update costs ~1-1.5 ms, with single
-        ones at ~5 ms (handing the messages to the kernel's IOPub thread), and one slow update
-        must not stall the view for a second."""
-        cost = time.perf_counter() - began
-        previous = self._costs.get(part)
-        self._costs[part] = cost if previous is None else 0.8 * previous + 0.2 * cost
-        return self._costs[part]
 
     def _show_static(self) -> None:
         """Leave the final curve in the cell's outputs as a PNG a saved notebook keeps, and
