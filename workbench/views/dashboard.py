@@ -320,7 +320,6 @@ class Dashboard:
             self._draw_history()
 
     def _draw_history(self) -> None:
-        header = ["run", "status", "steps", "final loss", "ms / step (run mean)", "samples / s (run mean)", "peak"]
         rows = []
         for view in self.runs:
             last, final = view.last, (view.end.summary if view.end else {})
@@ -333,12 +332,7 @@ class Dashboard:
                 format_metric("samples_per_sec", final.get("samples_per_sec", last and last.mean_samples_per_sec)),
                 f"{format_bytes(peak)} ({last.memory_kind})" if peak else "-",
             ])
-        cell = 'style="padding:1px 1.2em 1px 0;text-align:left'
-        cells = "".join("<tr>" + "".join(f'<td {cell}">{html.escape(c)}</td>' for c in row) + "</tr>" for row in rows)
-        heads = "".join(f'<th {cell};font-weight:normal;opacity:0.75">{html.escape(h)}</th>' for h in header)
-        self.history.value = (f'<table class="wb-history-table" style="font-size:90%;line-height:1.3;'
-                              f'border-collapse:collapse;margin-bottom:0.4em"><caption style="text-align:left">'
-                              f'runs on this view</caption><tr>{heads}</tr>{cells}</table>')
+        self.history.value = run_numbers.runs_table_html(rows)
         self.history.layout.display = None
 
     def _draw_numbers(self) -> None:
@@ -390,9 +384,11 @@ class Dashboard:
             return
         from IPython.display import Image, display
 
-        if self._handle is not None and self._displayed_in == _cell():
-            self._handle.update(self)
         self.last_png = self.plot.png()
+        if self.last_png is not None:
+            self.plot.figure.layout.display = "none"  # the static copy just below shows the same curves
+        if self._handle is not None and self._displayed_in == _cell():
+            self._handle.update(self)  # re-rendered: its plain text now says how the run ended
         if self.last_png is None:
             return
         image = Image(data=self.last_png, format="png")
@@ -400,4 +396,3 @@ class Dashboard:
             self._static.update(image)  # one image per cell, showing every run so far
         else:
             self._static, self._static_in = display(image, display_id=True), _cell()
-        self.plot.figure.layout.display = "none"  # the static copy just below shows the same curves

@@ -109,10 +109,17 @@ class Curve:
     steps: list[int] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     mark: Any = None
+    low: float = math.inf
+    """The smallest finite loss so far (kept as points come: the y axis needs no pass over them)."""
+    high: float = -math.inf
 
     def add(self, step: int, loss: float) -> None:
         self.steps.append(step)
-        self.losses.append(loss if math.isfinite(loss) else math.nan)  # a gap, not a broken axis
+        if math.isfinite(loss):
+            self.losses.append(loss)
+            self.low, self.high = min(self.low, loss), max(self.high, loss)
+        else:
+            self.losses.append(math.nan)  # a gap, not a broken axis
 
     @property
     def style(self) -> tuple[str, str | None, str]:
@@ -173,9 +180,9 @@ class LossPlot:
         with curve.mark.hold_sync():
             curve.mark.x = np.asarray(steps, dtype=np.float64)
             curve.mark.y = np.asarray(losses, dtype=np.float64)
-        finite = [v for c in self.curves for v in (c.losses if c is not curve else losses) if math.isfinite(v)]
-        if finite:
-            low, high, ticks = y_axis_range(min(finite), max(finite))
+        low, high = min(c.low for c in self.curves), max(c.high for c in self.curves)
+        if low <= high:  # some finite loss to show
+            low, high, ticks = y_axis_range(low, high)
             if ticks != self._y_ticks or (low, high) != (self.y_scale.min, self.y_scale.max):
                 with self.y_scale.hold_sync():  # messages only when the axis changes
                     self.y_scale.min, self.y_scale.max = low, high

@@ -158,6 +158,19 @@ def numbers_html(rates: list[RateRow], figures: list[tuple[str, str, str]], *, i
             f'<div style="display:flex;flex-wrap:wrap;flex:1;min-width:18em">{tiles}</div></div>')
 
 
+RUNS_HEADER = ("run", "status", "steps", "final loss", "ms / step (run mean)", "samples / s (run mean)", "peak")
+
+
+def runs_table_html(rows: list[list[str]]) -> str:
+    """The runs a shared view has drawn, one row each (`RUNS_HEADER`)."""
+    cell = 'style="padding:1px 1.2em 1px 0;text-align:left'
+    heads = "".join(f'<th {cell};font-weight:normal;opacity:0.75">{html.escape(h)}</th>' for h in RUNS_HEADER)
+    body = "".join("<tr>" + "".join(f'<td {cell}">{html.escape(c)}</td>' for c in row) + "</tr>" for row in rows)
+    return (f'<table class="wb-history-table" style="font-size:90%;line-height:1.3;border-collapse:collapse;'
+            f'margin-bottom:0.4em"><caption style="text-align:left">runs on this view</caption>'
+            f'<tr>{heads}</tr>{body}</table>')
+
+
 def status_html(status: str) -> str:
     """The short status line: one coloured word."""
     word, colour, _ = STATUS.get(status, (status, "#c62828", "danger"))
