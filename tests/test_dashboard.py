@@ -184,8 +184,24 @@ def test_a_slow_view_updates_less_often_so_it_stays_within_its_budget(dash, cloc
         clock.now += 0.1
         dash.log(step(i, total=200))
     assert 5 <= dash.plot_updates <= 10, dash.plot_updates
-    assert dash.numbers_updates >= 40  # the cheap part goes on at its own pace
     assert dash.live_busy_s <= 0.01 * clock.now + 0.02  # within 1% (give or take one update)
+
+
+def test_when_the_budget_is_tight_the_curve_keeps_its_pace_and_the_numbers_wait(dash, clock, monkeypatch):
+    draw = dash._draw_numbers
+
+    def slow_numbers() -> None:  # 20 ms an update
+        time.sleep(0.02)
+        draw()
+
+    monkeypatch.setattr(dash, "_draw_numbers", slow_numbers)
+    dash.start(start(total=200))
+    for i in range(1, 201):  # 20 s of records
+        clock.now += 0.1
+        dash.log(step(i, total=200))
+    assert dash.plot_updates >= 30, dash.plot_updates  # ~2 Hz, as with a cheap view
+    assert 5 <= dash.numbers_updates <= 10, dash.numbers_updates
+    assert dash.live_busy_s <= 0.01 * clock.now + 0.02
 
 
 def test_the_curve_is_hidden_until_its_first_point(dash):

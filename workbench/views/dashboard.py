@@ -11,7 +11,7 @@ Its widgets are built once and only their values change. The loss curve is drawn
 browser from the points the kernel sends (`loss_plot.LossPlot`, bqplot); the numbers
 (`run_numbers`) say which are the last interval's and which the run's means. Each part
 refreshes at most every `numbers_interval_s` / `plot_interval_s`, and only while the time the
-view has spent in `log` stays within `_VIEW_BUDGET` of the time since its run started; `end`
+view has spent in `log` stays within `_VIEW_BUDGET` of the time since its run's first log; `end`
 always draws the final state. When a run ends its curve is also left as an ordinary PNG output, which
 GitHub and nbviewer show to readers without a kernel, and the live figure steps aside.
 
@@ -42,8 +42,8 @@ from workbench.views.sinks import TextSink
 _MAX_SHOWN_ERRORS = 5
 # The share of a run's wall time its view may take while it trains. Before each update the
 # view checks that its time in log() so far, plus the update's typical cost, stays within
-# this share of the time since the run started: a slow machine draws less often rather than
-# slowing the run down. In a kernel an update costs ~1-1.5 ms (~3 ms on this 2-core machine
+# this share of the time since the run's first log step: a slow machine draws less often
+# rather than slowing the run down. In a kernel an update costs ~1-1.5 ms (~3 ms on this 2-core machine
 # under load: handing the messages to the kernel's IOPub thread), so at 2 Hz about 0.3-0.6%.
 _VIEW_BUDGET = 0.01
 
@@ -97,6 +97,8 @@ class _RunView:
     """The first step of the last record's interval (None: unknown)."""
     end: RunEnd | None = None
     ended_at: float | None = None
+    first_log_at: float | None = None
+    """When the first log step arrived: the view's budget counts from there."""
 
 
 class Dashboard:
@@ -217,9 +219,15 @@ class Dashboard:
         self.live_busy_s += spent
 
     def _affordable(self, part: str, now: float) -> bool:
-        """Whether an update of `part` keeps the view within its budget of the run's time."""
-        elapsed = now - self.current.started_at if self.current is not None else 0.0
-        return self.live_busy_s + self._costs.get(part, 0.0) <= _VIEW_BUDGET * elapsed
+        """Whether an update of `part` keeps the view within its budget of the time since its
+        run's first log step. The numbers leave room for the next curve update: when the budget
+        is tight (a loaded machine), the curve keeps its pace and the numbers slow down."""
+        if (self._last_plot if part == "plot" else self._last_numbers) == -math.inf:
+            return True  # each part's first update of a run goes at once
+        view = self.current
+        elapsed = now - view.first_log_at if view is not None and view.first_log_at is not None else 0.0
+        cost = self._costs.get(part, 0.0) + (self._costs.get("plot", 0.0) if part == "numbers" else 0.0)
+        return self.live_busy_s + cost <= _VIEW_BUDGET * elapsed
 
     def _timed(self, part: str, draw: Callable[[], None]) -> None:
         """Draw, and keep a smoothed cost of the part (single updates spike to ~5 ms)."""
@@ -299,6 +307,8 @@ class Dashboard:
             view.interval_first_step = 1 if record.step == 1 else 2
         view.curve.add(record.step, record.loss)
         view.last = record
+        if view.first_log_at is None:
+            view.first_log_at = self.clock()
 
     def _end(self, record: RunEnd) -> None:
         view = self.current
