@@ -2,18 +2,16 @@
 
 A `Dashboard` is a sink (`workbench.measure.records`): the loop calls `start`, `log` and
 `end` with plain records; the dashboard only draws. `run()` gives every run a view of its
-own (`default_sinks`), shown in the cell that runs it, and nothing touches that view once
-its run has ended: a cell's output is the run it ran. Several runs share a view only when
-the notebook asks, by making one and passing it to each run (`sinks=[view]`); it then draws
-one curve per run and a table of the finished ones.
+own (`default_sinks`), in the cell that runs it, untouched once its run has ended. Runs
+share a view only when the notebook passes one view to each (`sinks=[view]`): one curve
+per run, and a table of them.
 
-Its widgets are built once and only their values change. The loss curve is drawn by the
-browser from the points the kernel sends (`loss_plot.LossPlot`, bqplot); the numbers
-(`run_numbers`) say which are the last interval's and which the run's means. Each part
-refreshes at most every `numbers_interval_s` / `plot_interval_s`, and only while the time the
-view has spent in `log` stays within `_VIEW_BUDGET` of the time since its run's first log; `end`
-always draws the final state. When a run ends its curve is also left as an ordinary PNG output, which
-GitHub and nbviewer show to readers without a kernel, and the live figure steps aside.
+Widgets are built once and only their values change. The browser draws the loss curve from
+the points the kernel sends (`loss_plot`, bqplot); the numbers (`run_numbers`) say which are
+the last interval's and which the run's means. Each part refreshes at most every
+`numbers_interval_s` / `plot_interval_s`, within `_VIEW_BUDGET` of the run's time; `end`
+draws the final state, and leaves the curve as an ordinary PNG output for readers without
+a kernel (GitHub, nbviewer) while the live figure steps aside.
 
 Example:
     >>> view = Dashboard()  # doctest: +SKIP
@@ -178,18 +176,8 @@ class Dashboard:
         """One line per run: its name, status and run-mean figures (the view's plain-text form)."""
         if not self.runs:
             return "workbench Dashboard: waiting for a run"
-        lines = []
-        for view in self.runs:
-            status = run_numbers.STATUS.get(view.status, (view.status,))[0]
-            steps = view.end.steps_done if view.end else (view.last.step if view.last else 0)
-            parts = [f"{view.label}: {status}, step {steps} / {view.start.total_steps}"]
-            final = view.end.summary if view.end else {}
-            mean = final.get("step_time_s", view.last.mean_step_time_s if view.last else None)
-            if mean is not None:
-                parts.append(f"{format_metric('step_time_s', mean)} ms/step (run mean)")
-            if view.last is not None:
-                parts.append(f"final loss {view.last.loss:.4f}" if view.end else f"loss {view.last.loss:.4f}")
-            lines.append(", ".join(parts))
+        lines = [run_numbers.summary_line(v.label, v.status, v.last, v.end, total_steps=v.start.total_steps)
+                 for v in self.runs]
         lines += [f"note: {overlap}" for overlap in self.plot.overlaps]
         return "\n".join(lines) + "\n(live view; needs a running kernel. The final curve is the image below.)"
 

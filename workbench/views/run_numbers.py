@@ -158,6 +158,18 @@ def numbers_html(rates: list[RateRow], figures: list[tuple[str, str, str]], *, i
             f'<div style="display:flex;flex-wrap:wrap;flex:1;min-width:18em">{tiles}</div></div>')
 
 
+def summary_line(label: str, status: str, last: StepRecord | None, end: RunEnd | None, *, total_steps: int) -> str:
+    """'baseline: done, step 30 / 30, 7.6 ms/step (run mean), final loss 0.4433': a run in plain text."""
+    steps = end.steps_done if end else (last.step if last else 0)
+    parts = [f"{label}: {STATUS.get(status, (status,))[0]}, step {steps} / {total_steps}"]
+    mean = (end.summary if end else {}).get("step_time_s", last.mean_step_time_s if last else None)
+    if mean is not None:
+        parts.append(f"{format_metric('step_time_s', mean)} ms/step (run mean)")
+    if last is not None:
+        parts.append(f"{'final loss' if end else 'loss'} {last.loss:.4f}")
+    return ", ".join(parts)
+
+
 RUNS_HEADER = ("run", "status", "steps", "final loss", "ms / step (run mean)", "samples / s (run mean)", "peak")
 
 
