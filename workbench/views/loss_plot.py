@@ -1,18 +1,24 @@
 """The loss curves of a run view: drawn live in the browser by bqplot, and once as a PNG.
 
-The kernel sends points; the browser draws them. Why bqplot, measured in a real ipykernel
-on this 2-core machine (`benchmarks/plot_widgets.py`, medians of 100 updates):
+The kernel sends points; the browser draws them. Why bqplot: measured in a real ipykernel on
+this 2-core machine (`benchmarks/plot_widgets.py`, medians of 100 updates; two runs, at a load
+average of ~2 and of ~5 from other work, as ranges):
 
-| per figure / update            | bqplot 0.13           | plotly 7.1 FigureWidget       | matplotlib PNG |
-|--------------------------------|-----------------------|-------------------------------|----------------|
-| create one figure              | 7 ms, 7 kB sent       | 350 ms, 5.1 MB sent           | 10 ms          |
-| update, 1,000 points           | 0.07 ms, 1 msg, 8 kB  | 0.3 ms, 4 msgs, 9 kB          | 30-120 ms      |
-| update, 10,000 points          | 0.07 ms, 81 kB        | 0.5 ms, 82 kB                 | 30-90 ms       |
+| kernel side                 | bqplot 0.13.1                 | plotly 7.1 FigureWidget           | matplotlib PNG |
+|-----------------------------|-------------------------------|-----------------------------------|----------------|
+| import                      | 0.3-0.9 s                     | 2.2-5.0 s                         | 0.2-0.7 s      |
+| create one figure           | 5-23 ms, 10 msgs, 7.2 kB      | 0.35-0.85 s, 8 msgs, 5.1 MB       | 5-19 ms        |
+| update, 1,000 points        | 0.06 ms, 1 msg, 8 kB          | 0.3-0.46 ms, 4 msgs, 9 kB         | 60-100 ms      |
+| update, 10,000 points       | 0.06-0.07 ms, 1 msg, 81 kB    | 0.35-0.5 ms, 4 msgs, 82 kB        | 60-90 ms       |
 
-Both update far under the 1% budget at 1-2 Hz; plotly's FigureWidget is an anywidget that
-ships its 5 MB JavaScript bundle with every figure (the `_esm` trait), so a view per run
-would cost a third of a second and 5 MB each, in the browser and in every saved
-notebook's widget state. bqplot's front end is a JupyterLab extension inside its wheel.
+Both update far under the 1% budget at 1-2 Hz. plotly's FigureWidget is an anywidget that
+ships its 5 MB JavaScript bundle with every figure (the `_esm` trait): a view per run would
+cost up to a second and 5 MB each, in the browser and in every saved notebook's widget
+state, and it needs anywidget's lab extension besides. bqplot's JupyterLab 4 extension is
+prebuilt inside its wheel (bqscales' inside its own), found by JupyterLab with no
+build step. Inside a training loop an update costs more than in these tight loops (~1 ms
+quiet, ~2-4 ms at a load of 5: handing each message to the kernel's IOPub thread), which
+the dashboard's budget accounts for (`benchmarks/overhead.py`).
 
 Readers without a kernel (GitHub, nbviewer) get `png()`: the same curves drawn once, by
 matplotlib's Agg into a bare `Figure` (pyplot is never touched, so the inline backend
