@@ -6,9 +6,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workbench.measure.counters import SavedActivationCounter, count_flops, gpt_activation_bytes_formula, gpt_flops_formula, gradient_bytes, matmul_parameter_count, optimizer_state_bytes, parameter_bytes
-from workbench.core.saved import note_saved
 from workbench.core.models import GPT
+from workbench.core.saved import note_saved
+from workbench.measure.counters import (
+    SavedActivationCounter,
+    count_flops,
+    gpt_activation_bytes_formula,
+    gpt_flops_formula,
+    gradient_bytes,
+    matmul_parameter_count,
+    optimizer_state_bytes,
+    parameter_bytes,
+)
 
 # A small GPT: L=2 layers, h=64 wide, a=4 heads, s=32 positions, batch b=2, vocab V=97.
 S, B, H, A, L, V = 32, 2, 64, 4, 2, 97

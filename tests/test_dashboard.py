@@ -11,9 +11,9 @@ import pytest
 pytest.importorskip("ipywidgets")
 pytest.importorskip("matplotlib")
 
+from workbench.measure.records import RunEnd, RunStart, StepRecord
 from workbench.views import dashboard as dashboard_module  # noqa: E402
 from workbench.views.dashboard import Dashboard, default_sinks, headless_reason  # noqa: E402
-from workbench.measure.records import RunEnd, RunStart, StepRecord
 from workbench.views.sinks import TextSink
 
 REPO = Path(__file__).resolve().parents[1]

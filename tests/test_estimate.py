@@ -7,10 +7,17 @@ import time
 import pytest
 
 from workbench import RunConfig, run
-from workbench.measure.counters import gpt_activation_bytes_formula, gpt_flops_formula
 from workbench.core.data import load_data
-from workbench.measure.estimate import (_freeze, _measure, _per_micro_batch, _spec_key, accelerate_estimate, estimate,
-                                input_spec)
+from workbench.measure.counters import gpt_activation_bytes_formula, gpt_flops_formula
+from workbench.measure.estimate import (
+    _freeze,
+    _measure,
+    _per_micro_batch,
+    _spec_key,
+    accelerate_estimate,
+    estimate,
+    input_spec,
+)
 
 BIG = dict(n_layer=32, n_head=32, d_model=2560)  # GPT-Neo 2.7B's shape, the seed's "3B"
 

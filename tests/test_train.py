@@ -5,7 +5,6 @@ import torch
 
 import workbench as wb
 from workbench import RunConfig, run
-from workbench.core.models import parameter_count
 from workbench.views.sinks import RecordingSink
 
 TINY = dict(model="mlp", data="digits", batch_size=32, steps=12, log_every=4, dims={"hidden": (32,)}, eval_samples=100)

@@ -210,7 +210,9 @@ class PretrainedClassifier(nn.Module):
         verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
-        from workbench.core.torchao_support import quiet_torchao_logs  # transformers loads torchao when installed: quietly
+        from workbench.core.torchao_support import (
+            quiet_torchao_logs,  # transformers loads torchao when installed: quietly
+        )
 
         try:
             with quiet_torchao_logs():

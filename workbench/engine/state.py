@@ -15,7 +15,11 @@ import torch.nn.functional as F
 from workbench.core.config import RunConfig
 from workbench.core.models import MODEL_SPECS
 from workbench.engine import resume
-from workbench.measure.counters import gradient_bytes, optimizer_state_bytes, parameter_bytes
+from workbench.measure.counters import (
+    gradient_bytes,
+    optimizer_state_bytes,
+    parameter_bytes,
+)
 from workbench.measure.meters import IntervalMeter, MemoryMeter, mfu
 from workbench.measure.result import MemoryBreakdown, RunResult
 

@@ -28,7 +28,13 @@ from workbench.engine import resume
 from workbench.engine.accelerator import loss_scale, make_accelerator
 from workbench.engine.state import LoopState, build_result, evaluate
 from workbench.measure import oom
-from workbench.measure.counters import FlopCounter, SavedActivationCounter, gradient_bytes, optimizer_state_bytes, parameter_bytes
+from workbench.measure.counters import (
+    FlopCounter,
+    SavedActivationCounter,
+    gradient_bytes,
+    optimizer_state_bytes,
+    parameter_bytes,
+)
 from workbench.measure.meters import IntervalMeter, MemoryMeter, Throughput, mfu
 from workbench.measure.records import RunEnd, RunStart, Sink, StepRecord
 from workbench.measure.result import RunResult

@@ -39,16 +39,17 @@ from torch import nn
 
 from workbench.core.config import RunConfig
 from workbench.core.data import DATASETS
-from workbench.core.report import format_bytes
+from workbench.core.models import MODEL_SPECS
+from workbench.core.precisions import AUTOCAST_DTYPES, DTYPES
+from workbench.core.report import Report, counted_rows, format_bytes
 
 __all__ = ["Estimate", "estimate", "accelerate_estimate", "input_spec"]
 
 _BYTE_VOCAB = 256  # the byte-level language-modelling data
-_AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass(frozen=True, slots=True)
-class Estimate:
+class Estimate(Report):
     """Predicted memory of one training step (bytes) and its FLOPs, before running it.
 
     `counted_bytes` holds the four parts `run()` counts exactly (RunResult.memory);
@@ -88,9 +89,9 @@ class Estimate:
         and close when they persist across micro-batches (accumulation > 1)."""
         return self.counted_bytes + self.buffer_bytes + self.temporary_bytes
 
-    def rows(self) -> list[tuple[str, str]]:
-        from workbench.measure.result import counted_rows
+    header = ("part", "estimate")
 
+    def rows(self) -> list[tuple[str, str]]:
         return [
             *counted_rows(self),
             ("buffers", format_bytes(self.buffer_bytes)),
@@ -99,16 +100,10 @@ class Estimate:
             ("FLOPs per optimizer step", f"{self.flops_per_step:.3g}"),
         ]
 
-    def _repr_html_(self) -> str:
-        from workbench.core.report import html_table
-
+    def caption(self) -> str:
         c = self.config
-        caption = (f"{c.model} {self.parameter_count / 1e6:,.1f}M params, {c.precision}, micro-batch "
-                   f"{c.batch_size} x {c.grad_accum_steps}, checkpointing {c.activation_checkpointing}")
-        return html_table(self.rows(), header=["part", "estimate"], caption=caption)
-
-    def __str__(self) -> str:
-        return "\n".join(f"{k:<38} {v}" for k, v in self.rows())
+        return (f"{c.model} {self.parameter_count / 1e6:,.1f}M params, {c.precision}, micro-batch "
+                f"{c.batch_size} x {c.grad_accum_steps}, checkpointing {c.activation_checkpointing}")
 
 
 def input_spec(config: RunConfig, *, vocab_size: int | None = None) -> SimpleNamespace:
@@ -124,7 +119,7 @@ def input_spec(config: RunConfig, *, vocab_size: int | None = None) -> SimpleNam
     if cfg.model == "minilm":
         raise ValueError("model='minilm' is not supported by estimate(); estimate model='gpt' "
                          "with MiniLM's dims (n_layer=6, d_model=384) instead")
-    if cfg.model in ("mlp", "cnn"):
+    if not MODEL_SPECS[cfg.model].is_text:
         info = DATASETS[cfg.data]  # its shape and classes are known without loading it
         return SimpleNamespace(name=cfg.data, task=info.task, input_shape=info.input_shape,
                                num_classes=info.num_classes, vocab_size=None, pad_token_id=None)
@@ -164,8 +159,12 @@ def _build(model_name: str, spec_key: tuple, dims: tuple) -> nn.Module:
 @functools.lru_cache(maxsize=64)
 def _model_state(model_name: str, spec_key: tuple, dims: tuple, optimizer: str) -> tuple[int, int, int, int, int]:
     """(parameter count, parameter, buffer, gradient, optimizer-state bytes) of the full model."""
-    from workbench.measure.counters import gradient_bytes, optimizer_state_bytes, parameter_bytes
     from workbench.core.optim import make_optimizer
+    from workbench.measure.counters import (
+        gradient_bytes,
+        optimizer_state_bytes,
+        parameter_bytes,
+    )
 
     with _fake_mode():
         model = _build(model_name, spec_key, dims)
@@ -187,9 +186,8 @@ def _measure(model_name: str, spec_key: tuple, dims: tuple, precision: str, chec
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.utils.flop_counter import FlopCounterMode
 
+    from workbench.core.models import loss_fn, set_activation_checkpointing
     from workbench.measure.counters import SavedActivationCounter
-    from workbench.core.models import set_activation_checkpointing
-    from workbench.core.models import loss_fn
 
     task, shape, classes, vocab = spec_key
     with _fake_mode():
@@ -202,7 +200,7 @@ def _measure(model_name: str, spec_key: tuple, dims: tuple, precision: str, chec
             inputs, labels = torch.zeros(batch, *shape), torch.zeros(batch, dtype=torch.long)
         tracker = MemTracker()
         tracker.track_external(model)
-        autocast = (torch.autocast("cpu", dtype=_AUTOCAST[precision]) if precision in _AUTOCAST
+        autocast = (torch.autocast("cpu", dtype=AUTOCAST_DTYPES[precision]) if precision in AUTOCAST_DTYPES
                     else contextlib.nullcontext())
         # The tracked peak depends on when fake tensors are freed: by reference counts
         # alone, it is the same everywhere; a garbage collection landing mid-step (its
@@ -292,7 +290,7 @@ def accelerate_estimate(config: RunConfig, *, vocab_size: int | None = None) -> 
     with _fake_mode():
         model = _build(cfg.model, spec_key, _freeze(cfg.dims))
         total, largest = calculate_maximum_sizes(model)
-    dtype = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[cfg.precision]
+    dtype = str(DTYPES[cfg.precision]).removeprefix("torch.")  # accelerate's names: float32, bfloat16, ...
     usage = estimate_training_usage(total, dtype)
     return {"total_size": int(total), "largest_layer": int(largest[0]), **{k: int(v) for k, v in usage.items()},
             "training": int(max(usage.values()))}

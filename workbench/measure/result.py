@@ -2,26 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.core.config import RunConfig
-from workbench.core.report import Table, format_bytes
-
-
-def counted_rows(counts: Any) -> list[tuple[str, str]]:
-    """The four exact counts of a step, labelled (a MemoryBreakdown or an Estimate)."""
-    return [
-        ("parameters", format_bytes(counts.parameter_bytes)),
-        ("gradients", format_bytes(counts.gradient_bytes)),
-        ("optimizer state", format_bytes(counts.optimizer_state_bytes)),
-        ("saved activations (one micro-batch)", format_bytes(counts.activation_bytes)),
-    ]
+from workbench.core.report import Report, Table, counted_rows, format_bytes
 
 
 @dataclass(frozen=True, slots=True)
-class MemoryBreakdown:
+class MemoryBreakdown(Report):
     """Exact bytes of one training step, plus the measured peak.
 
     The first four are deterministic counts (nbval checks them); the peak is a
@@ -43,6 +33,8 @@ class MemoryBreakdown:
     @property
     def model_state_bytes(self) -> int:
         return self.parameter_bytes + self.gradient_bytes + self.optimizer_state_bytes
+
+    header = ("part", "bytes")
 
     def rows(self) -> list[tuple[str, str]]:
         return [

@@ -24,9 +24,9 @@ from typing import Any
 
 from workbench.core.config import RunConfig
 from workbench.core.data import train_size
+from workbench.core.report import Report, figure_html, format_bytes
 from workbench.measure.estimate import estimate
 from workbench.techniques.planning import Plan, Target
-from workbench.core.report import format_bytes
 
 __all__ = ["max_micro_batch", "search_micro_batch", "Verification", "verify", "Arm", "Scorecard"]
 
@@ -89,10 +89,11 @@ def search_micro_batch(config: RunConfig, *, start: int, reduce: Callable[[int],
     return attempt(), tries
 
 
-@dataclass(frozen=True)
-class Verification:
+@dataclass(frozen=True, repr=False)
+class Verification(Report):
     """A plan's prediction next to what its run measured."""
 
+    header = ("part", "predicted", "measured", "measured / predicted")
     plan: Plan
     result: Any
     """The RunResult."""
@@ -123,18 +124,8 @@ class Verification:
             return None
         return m.parameter_bytes + m.gradient_bytes + m.optimizer_state_bytes + m.activation_bytes
 
-    def _repr_html_(self) -> str:
-        from workbench.core.report import html_table
-
-        return html_table(self.rows(), header=["part", "predicted", "measured", "measured / predicted"],
-                          caption=f"{self.plan.label}: run status {self.result.status}")
-
-    def __str__(self) -> str:
-        from workbench.core.report import Table
-
-        return str(Table(["part", "predicted", "measured", "ratio"], [list(r) for r in self.rows()]))
-
-    __repr__ = __str__
+    def caption(self) -> str:
+        return f"{self.plan.label}: run status {self.result.status}"
 
 
 def verify(chosen: Plan, *, name: str | None = None, **run_kwargs: Any) -> Verification:
@@ -161,7 +152,7 @@ class Arm:
     """From search_micro_batch (real runs); None if not searched."""
 
 
-class Scorecard:
+class Scorecard(Report):
     """Seed 000's before/after table, measured: largest micro-batch, memory, time, accuracy.
 
     Memory is the exact count of a step (what the simulated budget holds), time the measured
@@ -188,40 +179,33 @@ class Scorecard:
                          accuracy])
         return rows
 
+    def make_figure(self):
+        from matplotlib.figure import Figure  # no pyplot: no global figure state
+
+        fig = Figure(figsize=(13, 3))
+        axes = fig.subplots(1, 4)
+        names = [a.name for a in self.arms]
+        colors = [f"C{i}" for i in range(len(names))]
+        bars = [("largest micro-batch (found)", [a.max_micro_batch_found or 0 for a in self.arms]),
+                ("memory of a step (MiB, exact)", [a.estimate.counted_bytes / 2**20 for a in self.arms]),
+                ("ms per sample", [1e3 / a.result.samples_per_sec if a.result.samples_per_sec else 0
+                                   for a in self.arms]),
+                ("held-out accuracy", [a.result.accuracy or 0 for a in self.arms])]
+        for ax, (title, values) in zip(axes, bars):
+            ax.bar(range(len(names)), values, color=colors)
+            ax.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=8)
+            ax.set_title(title, fontsize=9)
+        if self.budget_bytes:
+            axes[1].axhline(self.budget_bytes / 2**20, color="k", linestyle="--", label="budget")
+            axes[1].legend(fontsize=8)
+        fig.tight_layout()
+        return fig
+
     @property
     def figure(self):
         if self._figure is None:
-            from matplotlib.figure import Figure  # no pyplot: no global figure state
-
-            fig = Figure(figsize=(13, 3))
-            axes = fig.subplots(1, 4)
-            names = [a.name for a in self.arms]
-            colors = [f"C{i}" for i in range(len(names))]
-            bars = [("largest micro-batch (found)", [a.max_micro_batch_found or 0 for a in self.arms]),
-                    ("memory of a step (MiB, exact)", [a.estimate.counted_bytes / 2**20 for a in self.arms]),
-                    ("ms per sample", [1e3 / a.result.samples_per_sec if a.result.samples_per_sec else 0
-                                       for a in self.arms]),
-                    ("held-out accuracy", [a.result.accuracy or 0 for a in self.arms])]
-            for ax, (title, values) in zip(axes, bars):
-                ax.bar(range(len(names)), values, color=colors)
-                ax.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=8)
-                ax.set_title(title, fontsize=9)
-            if self.budget_bytes:
-                axes[1].axhline(self.budget_bytes / 2**20, color="k", linestyle="--", label="budget")
-                axes[1].legend(fontsize=8)
-            fig.tight_layout()
-            self._figure = fig
+            self._figure = self.make_figure()
         return self._figure
 
-    def _repr_html_(self) -> str:
-        from workbench.views.compare import figure_html
-        from workbench.core.report import html_table
-
-        return html_table(self.rows(), header=self.header) + figure_html(self.figure)
-
-    def __str__(self) -> str:
-        from workbench.core.report import Table
-
-        return str(Table(self.header, self.rows()))
-
-    __repr__ = __str__
+    def extra_html(self) -> str:
+        return figure_html(self.figure)

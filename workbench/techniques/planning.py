@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.core.config import ConfigError, RunConfig
+from workbench.core.report import Report, format_bytes
 from workbench.measure.estimate import Estimate, estimate
-from workbench.core.report import format_bytes
 
 __all__ = ["Target", "Plan", "Plans", "plan", "explain"]
 
@@ -79,7 +79,11 @@ class Target:
         fp32 matmul rate over each precision's measured slowdown (below 1 where 16-bit is
         native and faster, 25-55 where it is emulated).
         """
-        from workbench.core.hardware import peak_flops, precision_support, resolve_device
+        from workbench.core.hardware import (
+            peak_flops,
+            precision_support,
+            resolve_device,
+        )
 
         if memory_budget_bytes < 1:
             raise ValueError(f"memory_budget_bytes={memory_budget_bytes} must be positive; pass e.g. 16 * 2**20")
@@ -125,8 +129,9 @@ class Plan:
                 f", {c.optimizer}")
 
 
-class Plans:
-    """Plans ranked: fitting ones fastest first, then the rest by memory. Renders as a table."""
+class Plans(Report):
+    """Plans ranked: fitting ones fastest first, then the rest by memory. Renders as a table
+    (the first ten; `rows(top=None)` lists them all)."""
 
     def __init__(self, plans: Sequence[Plan], *, target: Target, baseline: Plan, effective_batch: int) -> None:
         self.plans, self.target, self.baseline, self.effective_batch = list(plans), target, baseline, effective_batch
@@ -152,19 +157,9 @@ class Plans:
     header = ["rank", "plan (precision, checkpointing, micro-batch x accumulation, optimizer)",
               "predicted memory", "fits", "predicted speed x baseline", "cost", "why"]
 
-    def _repr_html_(self) -> str:
-        from workbench.core.report import html_table
-
-        caption = (f"plans for effective batch {self.effective_batch} on {self.target.name}, usable "
-                   f"{format_bytes(self.target.usable_bytes)}; {len(self.fitting)} of {len(self.plans)} fit")
-        return html_table(self.rows(), header=self.header, caption=caption)
-
-    def __str__(self) -> str:
-        from workbench.core.report import Table
-
-        return str(Table(self.header, self.rows()))
-
-    __repr__ = __str__
+    def caption(self) -> str:
+        return (f"plans for effective batch {self.effective_batch} on {self.target.name}, usable "
+                f"{format_bytes(self.target.usable_bytes)}; {len(self.fitting)} of {len(self.plans)} fit")
 
     def __len__(self) -> int:
         return len(self.plans)

@@ -34,9 +34,9 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
+from workbench.core.report import format_bytes
 from workbench.measure.records import RunEnd, RunStart, Sink, StepRecord
 from workbench.views.sinks import TextSink
-from workbench.core.report import format_bytes
 
 _BAR_STYLE = {"running": "info", "ok": "success", "interrupted": "warning"}  # others: danger
 _MAX_SHOWN_ERRORS = 5
