@@ -77,6 +77,11 @@ def last_result() -> RunResult | None:
     return _last_results[-1] if _last_results else None
 
 
+def remember(result: RunResult) -> None:
+    """Make `result` what `last_result()` returns (run() and the monitor call it)."""
+    _last_results[:] = [result]
+
+
 def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = None,
         keep_model: bool = False) -> RunResult:
     """Train one run and measure it. `keep_model=True` hands the trained model back in
@@ -162,14 +167,14 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
     for sink in sinks:
         sink.end(RunEnd(run_name=name, status=status, steps_done=state.step, message=message,
                         summary=result.summary(), rank=accelerator.process_index))
-    _last_results[:] = [result]
+    remember(result)
     if status != "ok":
         _free(accelerator)
         if status == "interrupted":
             raise RunInterrupted(result)
     elif keep_model:
         result = dataclasses.replace(result, model=accelerator.unwrap_model(model, keep_fp32_wrapper=False).eval())
-        _last_results[:] = [result]
+        remember(result)
     return result
 
 

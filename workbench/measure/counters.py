@@ -125,6 +125,11 @@ class SavedActivationCounter:
         self._listening: Any = None
 
     def _add(self, t: torch.Tensor) -> None:
+        if torch._C._current_graph_task_id() != -1:
+            # Saved during a backward (a checkpointed block's recompute, a double backward):
+            # kept only until that backward uses it, not for the step. Counting the forward
+            # alone keeps a counter around a whole hand-written step exact.
+            return
         if isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter):
             return
         if t.layout != torch.strided:  # sparse etc. have no single storage

@@ -45,10 +45,23 @@ class MemoryBreakdown(Report):
 
 
 @dataclass(frozen=True, slots=True)
+class LoopDescription:
+    """What a hand-written loop under `wb.monitor` does, in the fields the results table shows
+    (a `wb.run` result holds its resolved RunConfig instead)."""
+
+    model: str
+    precision: str
+    batch_size: int | None
+    grad_accum_steps: int
+    activation_checkpointing: str
+    device: str
+
+
+@dataclass(frozen=True, slots=True)
 class RunResult:
     name: str
-    config: RunConfig
-    """The resolved config: every value the run used."""
+    config: RunConfig | LoopDescription
+    """The resolved config: every value the run used (a monitored hand-written loop: its description)."""
     status: str
     """'ok', 'failed', 'interrupted' or 'oom'."""
     message: str
@@ -149,7 +162,8 @@ def results_table(results: Sequence[RunResult]) -> Table:
     rows = []
     for r in results:
         c = r.config
-        row = [r.name, r.status, c.precision, f"{c.batch_size} x {c.grad_accum_steps}", c.activation_checkpointing]
+        batch = "?" if c.batch_size is None else c.batch_size
+        row = [r.name, r.status, c.precision, f"{batch} x {c.grad_accum_steps}", c.activation_checkpointing]
         for m in shown:
             value = metric(r, m)
             row.append("n/a" if value is None else _COLUMNS[m][1](value))
