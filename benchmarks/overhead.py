@@ -8,6 +8,7 @@ ratio arm / bare, with the spread.
 
 Arms:
   bare       a hand-written loop: forward, loss, backward, step; loss.item() at log steps
+  monitor    the bare loop under wb.monitor (three added lines; text sink to /dev/null)
   run        workbench.run() with the text sink (throttled printing to /dev/null)
   dashboard  workbench.run() with the widget Dashboard, driven without a browser
 
@@ -25,7 +26,7 @@ import subprocess
 import sys
 import time
 
-ARMS = ("bare", "run", "dashboard")
+ARMS = ("bare", "monitor", "run", "dashboard")
 
 
 def _config(model: str, steps: int):
@@ -34,11 +35,15 @@ def _config(model: str, steps: int):
     return RunConfig(model=model, steps=steps, eval_samples=0, log_every=50, preset=os.environ.get("WORKBENCH_PRESET", "cpu")).resolved()
 
 
-def bare_step_time(model_name: str, steps: int) -> float:
-    """A plain PyTorch loop over the same model, data, DataLoader and optimizer."""
+def bare_step_time(model_name: str, steps: int, *, monitored: bool = False) -> float:
+    """A plain PyTorch loop over the same model, data, DataLoader and optimizer; with
+    `monitored`, the same loop under wb.monitor (its three added lines, marked)."""
+    import contextlib
+
     import torch
     import torch.nn.functional as F
 
+    import workbench as wb
     from workbench.core.data import build_dataloader, load_data
     from workbench.core.models import build_model
 
@@ -48,21 +53,27 @@ def bare_step_time(model_name: str, steps: int) -> float:
     model = build_model(cfg.model, data=bundle, dims=cfg.dims)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     loader = build_dataloader(bundle.train, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed)
+    mon = (wb.monitor(model, optimizer, steps=steps, log_every=cfg.log_every, name="monitor",  # monitor
+                      sinks=[wb.TextSink(open(os.devnull, "w"))]) if monitored else None)
     step, start = 0, None
-    while step < steps:
-        for batch in loader:
-            logits = model(batch["inputs"])
-            loss = F.cross_entropy(logits.flatten(0, -2).float(), batch["labels"].flatten())
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            if step == 1:
-                start = time.perf_counter()  # the first step is warm-up, as in run()
-            elif step % cfg.log_every == 0 or step == steps:
-                loss.item()
-            if step == steps:
-                break
+    with mon or contextlib.nullcontext():
+        while step < steps:
+            for batch in loader:
+                with mon.step(samples=len(batch["labels"])) if mon else contextlib.nullcontext():  # monitor
+                    logits = model(batch["inputs"])
+                    loss = F.cross_entropy(logits.flatten(0, -2).float(), batch["labels"].flatten())
+                    loss.backward()
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                    if mon:
+                        mon.loss(loss)  # monitor
+                step += 1
+                if step == 1:
+                    start = time.perf_counter()  # the first step is warm-up, as in run()
+                elif not mon and (step % cfg.log_every == 0 or step == steps):
+                    loss.item()  # the monitor reads the loss at its log steps itself
+                if step == steps:
+                    break
     return (time.perf_counter() - start) / (steps - 1)
 
 
@@ -95,7 +106,10 @@ def main() -> None:
     args = parser.parse_args()
 
     if args.one:
-        t = bare_step_time(args.models, args.steps) if args.one == "bare" else workbench_step_time(args.models, args.steps, args.one)
+        if args.one in ("bare", "monitor"):
+            t = bare_step_time(args.models, args.steps, monitored=args.one == "monitor")
+        else:
+            t = workbench_step_time(args.models, args.steps, args.one)
         print(json.dumps({"step_time_s": t}))
         return
 
