@@ -1,0 +1,312 @@
+"""`run()`'s training step, replayed on fake tensors: what is live at every moment of it.
+
+`estimate()` needs the peak of a real step, not a sum of upper bounds. So this module
+replays the loop of `engine.train` on `FakeTensorMode` tensors (shapes and dtypes, no
+storage: a 3B model costs nothing) and follows every tensor with `measure.live.LiveTensors`:
+
+- steady state: the optimizer state exists (a first step made it); the loop still holds the
+  previous micro-batch's fp32 logits (its `logits` variable) and its batch; on a CPU the
+  DataLoader's next batch too (accelerate's loader keeps one batch ahead);
+- a micro-batch: fetch, forward under autocast (fp32 logits out, as accelerate converts
+  them), the loss, `backward()` of the loss over the accumulation steps (scaled for fp16).
+  The first micro-batch of a window starts without gradients; with accumulation, a second
+  one starts with them and adds into them (each further one repeats the second);
+- the optimizer step, on the whole model with its gradients: its temporaries (AdamW's
+  foreach form on a GPU holds a square-root copy of every parameter at once; the
+  per-parameter form on a CPU one parameter's worth), after clipping if configured.
+
+On a GPU (`device="cuda"`), three things differ, and are replayed: every storage is rounded
+up to the CUDA allocator's 512-byte blocks; autocast runs `softmax` (and CUDA's other
+float32-listed ops) in fp32 where the CPU's autocast keeps 16 bits, which for attention
+keeps an fp32 and a 16-bit copy of every score matrix; the optimizer takes its foreach form.
+The data loader's look-ahead batch lives in host memory there, not on the device.
+
+A GPT is replayed with at most two groups of blocks (a group is one block, or a
+checkpointed and a plain block under 'every_other'), then scaled: marks at the group
+boundaries give what one more group adds at every moment, and since the blocks are
+identical, the live bytes at any moment are affine in the number of groups between them.
+
+Example:
+    >>> sim = simulate("mlp", ("image_classification", (1, 28, 28), 10, None), (("hidden", (64,)),),
+    ...                "fp32", "none", batch=8, micro_batches=1, device="cpu")   # doctest: +SKIP
+    >>> max(sim.levels)                                                          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+from types import SimpleNamespace
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from workbench.core.precisions import AUTOCAST_DTYPES
+from workbench.measure.live import CUDA_BLOCK_BYTES, LiveTensors
+
+__all__ = ["CUDA_FP32_OPS", "ModelState", "Simulation", "cublas_workspace_bytes", "model_state", "simulate"]
+
+# CUDA autocast's "ops that can autocast to float32" (PyTorch AMP docs) that the CPU's
+# autocast does not list: on a GPU they run in fp32 whatever their input.
+CUDA_FP32_OPS = frozenset({
+    "softmax", "log_softmax", "softmin", "layer_norm", "group_norm", "norm", "normalize", "exp", "expm1",
+    "log", "log10", "log1p", "log2", "pow", "reciprocal", "rsqrt", "sum", "prod", "cumsum", "cumprod",
+    "softplus", "erfinv", "sinh", "cosh", "tan", "acos", "asin", "renorm",
+})
+
+
+def cublas_workspace_bytes(compute_capability: tuple[int, int] | None) -> int:
+    """One cuBLAS workspace, as torch allocates it from the caching allocator (so it shows in
+    max_memory_allocated): 32 MiB from Hopper (compute capability 9) on, else :4096:2:16:8
+    (8 MiB + 128 KiB); torch's CublasHandlePool.cpp, without CUBLAS_WORKSPACE_CONFIG."""
+    major = compute_capability[0] if compute_capability else 8
+    return 4096 * 8 * 1024 if major >= 9 else 4096 * 1024 * 2 + 16 * 1024 * 8
+
+
+class _CudaAutocastPolicy(TorchFunctionMode):
+    """On CPU fake tensors, run CUDA_FP32_OPS in fp32 while autocast is on, as CUDA's does."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", "") in CUDA_FP32_OPS and torch.is_autocast_enabled("cpu"):
+            def up(a: Any) -> Any:
+                low = isinstance(a, torch.Tensor) and a.dtype in (torch.float16, torch.bfloat16)
+                return a.float() if low else a
+            args, kwargs = tuple(up(a) for a in args), {k: up(v) for k, v in kwargs.items()}
+        return func(*args, **kwargs)
+
+
+@functools.cache
+def _fake_mode():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    # Plain CPU fake tensors: CPU autocast applies to them (it would not to 'meta' ones).
+    # One mode for every estimate: it caches each op's output shapes.
+    return FakeTensorMode(allow_non_fake_inputs=False)
+
+
+def build(model_name: str, spec_key: tuple, dims: tuple) -> nn.Module:
+    """The model on fake tensors (call inside `_fake_mode()`)."""
+    from workbench.core.models import build_model
+
+    task, shape, classes, vocab = spec_key
+    spec = SimpleNamespace(name="estimate", task=task, input_shape=shape, num_classes=classes,
+                           vocab_size=vocab, pad_token_id=None)
+    return build_model(model_name, data=spec, dims=dict(dims))
+
+
+def _size(nbytes: int, device: str) -> int:
+    return max(CUDA_BLOCK_BYTES, -(-nbytes // CUDA_BLOCK_BYTES) * CUDA_BLOCK_BYTES) if device == "cuda" else nbytes
+
+
+def _storages(tensors: Any) -> dict[int, int]:
+    return {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in tensors}
+
+
+class ModelState(NamedTuple):
+    """The whole model's state (exact bytes) and what its optimizer step adds on top."""
+
+    parameter_count: int
+    parameter_bytes: int
+    buffer_bytes: int
+    gradient_bytes: int
+    optimizer_state_bytes: int
+    resident_bytes: int
+    """Parameters + buffers + optimizer state as the device holds them (CUDA: in 512-byte
+    blocks, and without the optimizer's `step` counters, which torch keeps on the host)."""
+    gradient_device_bytes: int
+    optimizer_step_bytes: int
+    """Peak of the optimizer step's temporaries (clipping included), gradients present."""
+
+
+@functools.lru_cache(maxsize=64)
+def model_state(model_name: str, spec_key: tuple, dims: tuple, optimizer: str, weight_decay: float,
+                clip: bool, device: str) -> ModelState:
+    """Parameter, buffer, gradient and optimizer-state bytes of the full model, and its
+    optimizer step's temporaries in steady state (the second step: the state exists)."""
+    from workbench.core.config import RunConfig
+    from workbench.core.optim import make_optimizer
+    from workbench.measure.counters import (
+        gradient_bytes,
+        optimizer_state_bytes,
+        parameter_bytes,
+    )
+
+    foreach = device == "cuda"  # torch's default: foreach on CUDA tensors, per parameter on CPU ones
+    with _fake_mode():
+        model = build(model_name, spec_key, dims)
+        params = [p for p in model.parameters() if p.requires_grad]
+        for p in params:  # what a backward leaves: one gradient per parameter
+            p.grad = torch.zeros_like(p)
+        opt = make_optimizer(model, RunConfig(model=model_name, optimizer=optimizer, weight_decay=weight_decay).resolved())
+        for group in opt.param_groups:
+            group["foreach"] = foreach
+        opt.step()  # PyTorch optimizers create their state lazily, at the first step
+        counters = [v for s in opt.state.values() for k, v in s.items()
+                    if isinstance(v, torch.Tensor) and not (device == "cuda" and k == "step")]
+        resident = sum(_size(n, device) for n in _storages([*model.parameters(), *model.buffers()]).values())
+        resident += sum(_size(n, device) for n in _storages(counters).values())
+        live = LiveTensors(round_to=CUDA_BLOCK_BYTES if device == "cuda" else 1)
+        with live:
+            if clip:
+                torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=foreach)
+            opt.step()
+        return ModelState(
+            parameter_count=sum(p.numel() for p in model.parameters()), parameter_bytes=parameter_bytes(model),
+            buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
+            gradient_bytes=gradient_bytes(model, expected=True), optimizer_state_bytes=optimizer_state_bytes(opt),
+            resident_bytes=resident, gradient_device_bytes=sum(_size(p.numel() * p.element_size(), device)
+                                                               for p in params),
+            optimizer_step_bytes=live.peak_bytes,
+        )
+
+
+class Simulation(NamedTuple):
+    """One replayed optimizer step's micro-batches, model state excluded."""
+
+    levels: tuple[int, ...]
+    """Live bytes after every allocation, in order."""
+    marks: dict[str, tuple[int, int, int, int, int]]
+    """label.micro -> (index into levels, live bytes, FLOPs so far, saved bytes so far, clock)."""
+    flops: int
+    """FLOPs of one micro-batch (forward, loss, backward, recompute)."""
+    saved_bytes: int
+    """Saved-activation bytes of one micro-batch (forward and loss)."""
+    end_bytes: int
+    """Live after the last backward: what the optimizer step starts with (gradients included)."""
+    let_go: tuple[int, ...] = ()
+    """Per micro-batch: bytes the second group made in its forward and freed when it ended."""
+
+
+def _inputs(task: str, shape: tuple, batch: int) -> dict[str, torch.Tensor]:
+    if task == "language_modeling":
+        return {"inputs": torch.zeros(batch, *shape, dtype=torch.long), "labels": torch.zeros(batch, *shape, dtype=torch.long)}
+    return {"inputs": torch.zeros(batch, *shape), "labels": torch.zeros(batch, dtype=torch.long)}
+
+
+def _logits_shape(spec_key: tuple, batch: int) -> tuple[int, ...]:
+    task, shape, classes, vocab = spec_key
+    return (batch, *shape, vocab) if task == "language_modeling" else (batch, classes)
+
+
+@functools.lru_cache(maxsize=512)
+def simulate(model_name: str, spec_key: tuple, dims: tuple, precision: str, checkpointing: str, *,
+             batch: int, micro_batches: int, accumulation: int = 1, device: str, group: int = 0) -> Simulation:
+    """Replay `micro_batches` (1 or 2) micro-batches of the loop on fake tensors.
+
+    `group` > 0 (GPT): mark the boundaries of the first two groups of `group` blocks:
+    F0/F1 after each group's forward, B1/B0 when the gradient of each group's input is
+    complete (suffixed with the micro-batch number).
+    """
+    from workbench.core.models import loss_fn, set_activation_checkpointing
+    from workbench.measure.counters import FlopCounter, SavedActivationCounter
+
+    task = spec_key[0]
+    with _fake_mode():
+        model = build(model_name, spec_key, dims)
+        set_activation_checkpointing(model, checkpointing)
+        live = LiveTensors(round_to=CUDA_BLOCK_BYTES if device == "cuda" else 1, levels=True)
+        flops, saved = FlopCounter(), SavedActivationCounter(model)
+        marks: dict[str, tuple[int, int, int, int, int]] = {}
+        state = SimpleNamespace(forward=False, micro=0)
+
+        def mark(label: str) -> None:
+            live.mark(label)
+            _, index, level, clock = live.marks[-1]
+            marks[f"{label}.{state.micro}"] = (index, level, flops.total, saved.bytes, clock)
+
+        if group:
+            blocks = model.blocks
+
+            def after(label: str, hook_output: bool) -> Any:
+                def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+                    if state.forward:  # not the recompute of a checkpointed block in backward
+                        mark(label)
+                        if hook_output:  # its gradient is complete once the next group's backward is done
+                            output.register_hook(lambda grad: mark("B1"))
+                return hook
+
+            def before_first(module: nn.Module, args: tuple) -> None:
+                if state.forward:
+                    args[0].register_hook(lambda grad: mark("B0"))
+
+            blocks[group - 1].register_forward_hook(after("F0", True))
+            blocks[2 * group - 1].register_forward_hook(after("F1", False))
+            blocks[0].register_forward_pre_hook(before_first)
+
+        dtype = AUTOCAST_DTYPES.get(precision)
+        policy = _CudaAutocastPolicy() if device == "cuda" and dtype else contextlib.nullcontext()
+        gc.collect()
+        gc.disable()  # fake tensors freed by reference counts alone: the same levels everywhere
+        try:
+            with live, policy:
+                # Left from the previous step: the loop's `logits`, `loss` and `batch`; on a CPU
+                # also the batch accelerate's loader has fetched ahead.
+                logits = torch.empty(_logits_shape(spec_key, batch))
+                loss = torch.zeros(())
+                batch_now = _inputs(task, spec_key[1], batch)
+                ahead = _inputs(task, spec_key[1], batch) if device == "cpu" else None
+                # The loop's running loss and last logged loss; fp16's GradScaler keeps its scale,
+                # its growth tracker and the last step's found-inf flag: scalars, but live too.
+                scalars = [torch.zeros(()) for _ in range(2)]
+                scale = None
+                if precision == "fp16":
+                    scale = torch.ones(())
+                    scalars += [torch.zeros((), dtype=torch.int32), torch.zeros(())]
+                for micro in range(1, micro_batches + 1):
+                    state.micro = micro
+                    counting = micro == 1
+                    # fetch: a CPU loader collates the batch after next; a GPU gets a device copy
+                    fresh = _inputs(task, spec_key[1], batch)
+                    if ahead is not None:
+                        batch_now, ahead = ahead, fresh
+                    else:
+                        batch_now = fresh
+                    del fresh
+                    with flops if counting else contextlib.nullcontext():
+                        with saved if counting else contextlib.nullcontext():
+                            state.forward = True
+                            with torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext():
+                                out = model(batch_now["inputs"])
+                            mark("forward_end")  # autocast has let go of its cached weight casts
+                            logits = out.float() if dtype else out  # accelerate's convert_outputs_to_fp32
+                            del out
+                            loss = loss_fn(logits, batch_now["labels"])
+                            state.forward = False
+                        mark("backward")
+                        scaled = loss / accumulation  # accelerator.backward
+                        if scale is not None:
+                            scaled = scaled * scale
+                        _backward(scaled, policy)
+                        del scaled
+                    mark("end")
+        finally:
+            gc.enable()
+        del logits, loss, batch_now, ahead, scalars, scale
+        # What the second group made in its forward and autocast let go of when the forward
+        # ended (its weight casts, unless saved): one more group holds that only until then.
+        let_go = []
+        for micro in range(1, micro_batches + 1):
+            if not group:
+                let_go.append(0)
+                continue
+            f0, f1, end = (marks[f"{k}.{micro}"][4] for k in ("F0", "F1", "forward_end"))
+            let_go.append(sum(size for born, size, freed in live.released if f0 < born < f1 and f1 < freed < end))
+        return Simulation(levels=tuple(live.levels or ()), marks=marks, flops=flops.total, saved_bytes=saved.bytes,
+                          end_bytes=marks[f"end.{micro_batches}"][1], let_go=tuple(let_go))
+
+
+def _backward(loss: torch.Tensor, policy: Any) -> None:
+    if isinstance(policy, _CudaAutocastPolicy):
+        # Tensor.backward() would go through the policy mode, which torch switches off while
+        # it handles a call: the recompute of checkpointed blocks inside backward would then
+        # run without it. The engine, called directly, keeps the mode on.
+        from torch.autograd.graph import _engine_run_backward
+
+        _engine_run_backward((loss,), (torch.ones_like(loss),), False, False, (), allow_unreachable=True,
+                             accumulate_grad=True)
+    else:
+        loss.backward()
