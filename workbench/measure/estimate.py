@@ -32,7 +32,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
@@ -78,6 +78,8 @@ class Estimate(Report):
     device: str = "cpu"
     vocab_size: int | None = None
     method: str = ""
+    ops: fakestep.StepOps | None = field(default=None, repr=False, compare=False)
+    """Every op of the step (FLOPs, bytes, dtype): what a roofline needs (see roofline_seconds)."""
 
     @property
     def model_state_bytes(self) -> int:
@@ -92,6 +94,13 @@ class Estimate(Report):
     def transient_bytes(self) -> int:
         """Live at the peak beyond the resident state: gradients, activations, batches, temporaries."""
         return self.peak_bytes - self.resident_bytes - self.runtime_bytes
+
+    def roofline_seconds(self, peaks: dict[str, float], bandwidth: float | None) -> float:
+        """A lower bound on the step's time on a device with these peak FLOP/s per dtype and
+        this memory bandwidth (bytes/s): every op at the slower of the two, back to back."""
+        if self.ops is None:
+            raise ValueError("this Estimate carries no ops; make it with estimate()")
+        return self.ops.seconds(peaks, bandwidth)
 
     header = ("part", "estimate")
 
@@ -164,14 +173,14 @@ def _peak(sim: fakestep.Simulation, scaled: int, micro_batches: int) -> tuple[in
     best, where, carry, start = -1, "", 0, 0
     for micro in range(1, micro_batches + 1):
         mark = {k.rsplit(".", 1)[0]: v for k, v in sim.marks.items() if k.endswith(f".{micro}")}
-        end = mark["end"][0]
+        end = mark["end"].index
         # (first event, last event + 1, what each scaled group adds then)
         if scaled:
             f0, f1, done, b1, b0 = mark["F0"], mark["F1"], mark["forward_end"], mark["B1"], mark["B0"]
-            forward, backward = f1[1] - f0[1], b0[1] - b1[1]
+            forward, backward = f1.level - f0.level, b0.level - b1.level
             kept = forward - sim.let_go[micro - 1]  # after the forward, autocast's weight casts are gone
-            spans = [(start, f0[0], carry), (f0[0], done[0], carry + forward), (done[0], b1[0], carry + kept),
-                     (b1[0], end, carry + kept + backward)]
+            spans = [(start, f0.index, carry), (f0.index, done.index, carry + forward),
+                     (done.index, b1.index, carry + kept), (b1.index, end, carry + kept + backward)]
             carry += kept + backward
         else:
             spans = [(start, end, 0)]
@@ -182,7 +191,7 @@ def _peak(sim: fakestep.Simulation, scaled: int, micro_batches: int) -> tuple[in
                     best, where = level, (micro, i)
         start = end
     micro, i = where
-    phase = "forward" if i < sim.marks[f"backward.{micro}"][0] else "backward"
+    phase = "forward" if i < sim.marks[f"backward.{micro}"].index else "backward"
     return best, f"{phase}, {'first micro-batch' if micro == 1 else 'later micro-batch'}", sim.end_bytes + scaled * carry
 
 
@@ -215,13 +224,12 @@ def estimate(config: RunConfig, *, vocab_size: int | None = None, device: str | 
         dims = _freeze({**cfg.dims, "n_layer": replayed})
     micro_batches = 2 if cfg.grad_accum_steps > 1 else 1
     sim = fakestep.simulate(cfg.model, spec_key, dims, cfg.precision, cfg.activation_checkpointing,
-                            batch=cfg.batch_size, micro_batches=micro_batches, accumulation=cfg.grad_accum_steps,
-                            device=device, group=group)
+                            batch=cfg.batch_size, micro_batches=micro_batches, device=device, group=group)
     flops, saved = sim.flops, sim.saved_bytes
     if scaled:  # what one more group adds: its forward (F0 to F1) and its backward (B1 to B0)
         f0, f1, b1, b0 = (sim.marks[f"{k}.1"] for k in ("F0", "F1", "B1", "B0"))
-        flops += scaled * ((f1[2] - f0[2]) + (b0[2] - b1[2]))
-        saved += scaled * (f1[3] - f0[3])
+        flops += scaled * ((f1.flops - f0.flops) + (b0.flops - b1.flops))
+        saved += scaled * (f1.saved - f0.saved)
     peak, where, end = _peak(sim, scaled, micro_batches)
     if end + state.optimizer_step_bytes > peak:
         peak, where = end + state.optimizer_step_bytes, "optimizer step"
@@ -229,6 +237,11 @@ def estimate(config: RunConfig, *, vocab_size: int | None = None, device: str | 
     if device == "cuda":  # the forward's thread and autograd's each have a cuBLAS handle and workspace
         info = gpu_info()
         runtime = 2 * fakestep.cublas_workspace_bytes(info.compute_capability if info else None)
+    groups = []
+    for micro, ops in enumerate(sim.ops, 1):  # one scaled group's ops: its forward and its backward
+        m = {k: sim.marks.get(f"{k}.{micro}") for k in ("F0", "F1", "B1", "B0")}
+        groups.append(ops[m["F0"].op:m["F1"].op] + ops[m["B1"].op:m["B0"].op] if scaled else ())
+    step_ops = fakestep.StepOps(sim.ops, tuple(groups), scaled, cfg.grad_accum_steps, state.optimizer_ops)
     method = (f"{replayed} of {cfg.dims.get('n_layer', 4)} layers replayed on fake tensors, scaled"
               if cfg.model == "gpt" else "whole model replayed on fake tensors")
     return Estimate(
@@ -237,7 +250,7 @@ def estimate(config: RunConfig, *, vocab_size: int | None = None, device: str | 
         optimizer_state_bytes=state.optimizer_state_bytes, activation_bytes=saved,
         flops_per_step=flops * cfg.grad_accum_steps, peak_bytes=state.resident_bytes + peak + runtime,
         peak_at=where, resident_bytes=state.resident_bytes, runtime_bytes=runtime, device=device,
-        vocab_size=spec_key[3], method=f"{method}; steady-state step on {device}",
+        vocab_size=spec_key[3], method=f"{method}; steady-state step on {device}", ops=step_ops,
     )
 
 

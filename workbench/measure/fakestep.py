@@ -47,7 +47,8 @@ from torch.overrides import TorchFunctionMode
 from workbench.core.precisions import AUTOCAST_DTYPES
 from workbench.measure.live import CUDA_BLOCK_BYTES, LiveTensors
 
-__all__ = ["CUDA_FP32_OPS", "ModelState", "Simulation", "cublas_workspace_bytes", "model_state", "simulate"]
+__all__ = ["CUDA_FP32_OPS", "Mark", "ModelState", "Simulation", "StepOps", "cublas_workspace_bytes", "model_state",
+           "simulate"]
 
 # CUDA autocast's "ops that can autocast to float32" (PyTorch AMP docs) that the CPU's
 # autocast does not list: on a GPU they run in fp32 whatever their input.
@@ -120,6 +121,8 @@ class ModelState(NamedTuple):
     gradient_device_bytes: int
     optimizer_step_bytes: int
     """Peak of the optimizer step's temporaries (clipping included), gradients present."""
+    optimizer_ops: tuple[tuple[int, int, str], ...] = ()
+    """(FLOPs, bytes, dtype) of each op of that step."""
 
 
 @functools.lru_cache(maxsize=64)
@@ -129,11 +132,7 @@ def model_state(model_name: str, spec_key: tuple, dims: tuple, optimizer: str, w
     optimizer step's temporaries in steady state (the second step: the state exists)."""
     from workbench.core.config import RunConfig
     from workbench.core.optim import make_optimizer
-    from workbench.measure.counters import (
-        gradient_bytes,
-        optimizer_state_bytes,
-        parameter_bytes,
-    )
+    from workbench.measure.counters import FlopCounter, gradient_bytes, optimizer_state_bytes, parameter_bytes
 
     foreach = device == "cuda"  # torch's default: foreach on CUDA tensors, per parameter on CPU ones
     with _fake_mode():
@@ -150,7 +149,8 @@ def model_state(model_name: str, spec_key: tuple, dims: tuple, optimizer: str, w
         resident = sum(_size(n, device) for n in _storages([*model.parameters(), *model.buffers()]).values())
         resident += sum(_size(n, device) for n in _storages(counters).values())
         live = LiveTensors(round_to=CUDA_BLOCK_BYTES if device == "cuda" else 1)
-        with live:
+        ops = FlopCounter(record_ops=True)
+        with live, ops:
             if clip:
                 torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=foreach)
             opt.step()
@@ -160,8 +160,25 @@ def model_state(model_name: str, spec_key: tuple, dims: tuple, optimizer: str, w
             gradient_bytes=gradient_bytes(model, expected=True), optimizer_state_bytes=optimizer_state_bytes(opt),
             resident_bytes=resident, gradient_device_bytes=sum(_size(p.numel() * p.element_size(), device)
                                                                for p in params),
-            optimizer_step_bytes=live.peak_bytes,
+            optimizer_step_bytes=live.peak_bytes, optimizer_ops=tuple(ops.ops or ()),
         )
+
+
+class Mark(NamedTuple):
+    """A named moment of the replay."""
+
+    index: int
+    """Allocations before it (an index into Simulation.levels)."""
+    level: int
+    """Live bytes then."""
+    flops: int
+    """FLOPs so far (first micro-batch)."""
+    saved: int
+    """Saved-activation bytes so far (first micro-batch)."""
+    clock: int
+    """LiveTensors' clock then (orders it among allocations and releases)."""
+    op: int
+    """Ops of its micro-batch so far (an index into Simulation.ops[micro - 1])."""
 
 
 class Simulation(NamedTuple):
@@ -169,8 +186,8 @@ class Simulation(NamedTuple):
 
     levels: tuple[int, ...]
     """Live bytes after every allocation, in order."""
-    marks: dict[str, tuple[int, int, int, int, int]]
-    """label.micro -> (index into levels, live bytes, FLOPs so far, saved bytes so far, clock)."""
+    marks: dict[str, Mark]
+    """'label.micro' -> the mark."""
     flops: int
     """FLOPs of one micro-batch (forward, loss, backward, recompute)."""
     saved_bytes: int
@@ -179,6 +196,8 @@ class Simulation(NamedTuple):
     """Live after the last backward: what the optimizer step starts with (gradients included)."""
     let_go: tuple[int, ...] = ()
     """Per micro-batch: bytes the second group made in its forward and freed when it ended."""
+    ops: tuple[tuple[tuple[int, int, str], ...], ...] = ()
+    """Per micro-batch: (FLOPs, bytes, dtype) of each op, from the forward to the backward's end."""
 
 
 def _inputs(task: str, shape: tuple, batch: int) -> dict[str, torch.Tensor]:
@@ -194,7 +213,7 @@ def _logits_shape(spec_key: tuple, batch: int) -> tuple[int, ...]:
 
 @functools.lru_cache(maxsize=512)
 def simulate(model_name: str, spec_key: tuple, dims: tuple, precision: str, checkpointing: str, *,
-             batch: int, micro_batches: int, accumulation: int = 1, device: str, group: int = 0) -> Simulation:
+             batch: int, micro_batches: int, device: str, group: int = 0) -> Simulation:
     """Replay `micro_batches` (1 or 2) micro-batches of the loop on fake tensors.
 
     `group` > 0 (GPT): mark the boundaries of the first two groups of `group` blocks:
@@ -209,14 +228,17 @@ def simulate(model_name: str, spec_key: tuple, dims: tuple, precision: str, chec
         model = build(model_name, spec_key, dims)
         set_activation_checkpointing(model, checkpointing)
         live = LiveTensors(round_to=CUDA_BLOCK_BYTES if device == "cuda" else 1, levels=True)
-        flops, saved = FlopCounter(), SavedActivationCounter(model)
-        marks: dict[str, tuple[int, int, int, int, int]] = {}
+        # One op recorder per micro-batch; the first also counts the FLOPs reported.
+        counters = [FlopCounter(record_ops=True) for _ in range(micro_batches)]
+        flops, saved = counters[0], SavedActivationCounter(model)
+        marks: dict[str, Mark] = {}
         state = SimpleNamespace(forward=False, micro=0)
 
         def mark(label: str) -> None:
             live.mark(label)
             _, index, level, clock = live.marks[-1]
-            marks[f"{label}.{state.micro}"] = (index, level, flops.total, saved.bytes, clock)
+            ops = counters[state.micro - 1].ops or ()
+            marks[f"{label}.{state.micro}"] = Mark(index, level, flops.total, saved.bytes, clock, len(ops))
 
         if group:
             blocks = model.blocks
@@ -239,7 +261,6 @@ def simulate(model_name: str, spec_key: tuple, dims: tuple, precision: str, chec
 
         dtype = AUTOCAST_DTYPES.get(precision)
         policy = _CudaAutocastPolicy() if device == "cuda" and dtype else contextlib.nullcontext()
-        gc.collect()
         gc.disable()  # fake tensors freed by reference counts alone: the same levels everywhere
         try:
             with live, policy:
@@ -266,7 +287,7 @@ def simulate(model_name: str, spec_key: tuple, dims: tuple, precision: str, chec
                     else:
                         batch_now = fresh
                     del fresh
-                    with flops if counting else contextlib.nullcontext():
+                    with counters[micro - 1]:
                         with saved if counting else contextlib.nullcontext():
                             state.forward = True
                             with torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext():
@@ -277,7 +298,8 @@ def simulate(model_name: str, spec_key: tuple, dims: tuple, precision: str, chec
                             loss = loss_fn(logits, batch_now["labels"])
                             state.forward = False
                         mark("backward")
-                        scaled = loss / accumulation  # accelerator.backward
+                        # accelerator.backward divides by the accumulation steps (a scalar, whatever their number)
+                        scaled = loss / micro_batches
                         if scale is not None:
                             scaled = scaled * scale
                         _backward(scaled, policy)
@@ -293,10 +315,32 @@ def simulate(model_name: str, spec_key: tuple, dims: tuple, precision: str, chec
             if not group:
                 let_go.append(0)
                 continue
-            f0, f1, end = (marks[f"{k}.{micro}"][4] for k in ("F0", "F1", "forward_end"))
+            f0, f1, end = (marks[f"{k}.{micro}"].clock for k in ("F0", "F1", "forward_end"))
             let_go.append(sum(size for born, size, freed in live.released if f0 < born < f1 and f1 < freed < end))
         return Simulation(levels=tuple(live.levels or ()), marks=marks, flops=flops.total, saved_bytes=saved.bytes,
-                          end_bytes=marks[f"end.{micro_batches}"][1], let_go=tuple(let_go))
+                          end_bytes=marks[f"end.{micro_batches}"].level, let_go=tuple(let_go),
+                          ops=tuple(tuple(c.ops or ()) for c in counters))
+
+
+class StepOps(NamedTuple):
+    """Every op of an optimizer step, for a roofline: the replayed micro-batches' ops, what one
+    more group of blocks adds to each, and the optimizer step's."""
+
+    micro: tuple[tuple[tuple[int, int, str], ...], ...]
+    group: tuple[tuple[tuple[int, int, str], ...], ...]
+    scaled: int
+    accumulation: int
+    optimizer: tuple[tuple[int, int, str], ...]
+
+    def seconds(self, peaks: dict[str, float], bandwidth: float | None) -> float:
+        """A lower bound on the step's time: each op at the slower of its FLOPs at the peak
+        of its dtype and its bytes at the memory bandwidth (None: FLOPs only)."""
+        def time(ops: tuple) -> float:
+            return sum(max(f / peaks.get(dtype, peaks["fp32"]) if f else 0.0, b / bandwidth if bandwidth else 0.0)
+                       for f, b, dtype in ops)
+
+        per_micro = [time(ops) + self.scaled * time(group) for ops, group in zip(self.micro, self.group, strict=True)]
+        return per_micro[0] + (self.accumulation - 1) * per_micro[-1] + time(self.optimizer)
 
 
 def _backward(loss: torch.Tensor, policy: Any) -> None:

@@ -117,14 +117,21 @@ class LiveTensors(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        # An output on an input's storage is a view or an in-place result: nothing new. Without
-        # this, indexing one sample out of a data set made before tracking (a view) would count
-        # the whole data set's storage.
-        # (`lift_fresh` is the exception: it hands over a tensor torch.tensor() just made.)
-        fresh = func is torch.ops.aten.lift_fresh.default
-        inputs = set() if fresh else {t.untyped_storage()._cdata for t in tree_flatten((args, kwargs))[0]
-                                      if isinstance(t, torch.Tensor) and t.layout == torch.strided}
+        inputs: set[int] | None = None
         for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.layout == torch.strided and t.untyped_storage()._cdata not in inputs:
+            if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
+                continue
+            storage = t.untyped_storage()
+            if storage._cdata in self._live and self._live[storage._cdata] == self._size(storage.nbytes()):
+                continue  # known already: a view or an in-place result of a tracked tensor
+            if inputs is None:
+                # An output on an input's storage is a view or an in-place result: nothing new.
+                # Without this, indexing one sample out of a data set made before tracking (a
+                # view) would count the whole data set's storage. (`lift_fresh` is the exception:
+                # it hands over a tensor torch.tensor() has just made.)
+                fresh = func is torch.ops.aten.lift_fresh.default
+                inputs = set() if fresh else {a.untyped_storage()._cdata for a in tree_flatten((args, kwargs))[0]
+                                              if isinstance(a, torch.Tensor) and a.layout == torch.strided}
+            if storage._cdata not in inputs or storage._cdata in self._live:
                 self._track(t)
         return out
