@@ -34,6 +34,7 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import functools
 import gc
@@ -100,7 +101,8 @@ def build(model_name: str, spec_key: tuple, dims: tuple) -> nn.Module:
 
 
 def _size(nbytes: int, device: str) -> int:
-    return max(CUDA_BLOCK_BYTES, -(-nbytes // CUDA_BLOCK_BYTES) * CUDA_BLOCK_BYTES) if device == "cuda" else nbytes
+    # CUDA: whole 512-byte blocks (an empty tensor takes none)
+    return nbytes and -(-nbytes // CUDA_BLOCK_BYTES) * CUDA_BLOCK_BYTES if device == "cuda" else nbytes
 
 
 def _storages(tensors: Any) -> dict[int, int]:
@@ -211,15 +213,52 @@ def _logits_shape(spec_key: tuple, batch: int) -> tuple[int, ...]:
     return (batch, *shape, vocab) if task == "language_modeling" else (batch, classes)
 
 
-@functools.lru_cache(maxsize=512)
-def simulate(model_name: str, spec_key: tuple, dims: tuple, precision: str, checkpointing: str, *,
-             batch: int, micro_batches: int, device: str, group: int = 0) -> Simulation:
-    """Replay `micro_batches` (1 or 2) micro-batches of the loop on fake tensors.
+class _Raw(NamedTuple):
+    """A replay as recorded, sizes exact: every storage's life and every mark, by clock."""
+
+    storages: tuple[tuple[int, int, int], ...]
+    """(clock made, clock freed or _NEVER, bytes) per storage."""
+    marks: dict[str, tuple[int, int, int, int]]
+    """'label.micro' -> (clock, FLOPs so far, saved bytes so far, ops of its micro-batch so far)."""
+    ops: tuple[tuple[tuple[int, int, str], ...], ...]
+    flops: int
+    saved_bytes: int
+
+    def shape(self) -> tuple:
+        """What must agree between two batch sizes for sizes to be read as affine in the batch."""
+        return (tuple((b, f) for b, f, _ in self.storages), tuple((k, v[0], v[3]) for k, v in self.marks.items()),
+                tuple(tuple(d for _, _, d in ops) for ops in self.ops))
+
+    def at(self, other: _Raw, batch: int, other_batch: int, wanted: int) -> _Raw:
+        """This replay (at `batch`) and `other` (at `other_batch`) read as lines, at `wanted`."""
+        def line(a: int, b: int) -> int:
+            step, rest = divmod((b - a) * (wanted - batch), other_batch - batch)
+            assert rest == 0
+            return a + step
+
+        return _Raw(
+            storages=tuple((b, f, line(n, m)) for (b, f, n), (_, _, m) in zip(self.storages, other.storages, strict=True)),
+            marks={k: (v[0], line(v[1], other.marks[k][1]), line(v[2], other.marks[k][2]), v[3])
+                   for k, v in self.marks.items()},
+            ops=tuple(tuple((line(f, g), line(n, m), d) for (f, n, d), (g, m, _) in zip(a, b, strict=True))
+                      for a, b in zip(self.ops, other.ops, strict=True)),
+            flops=line(self.flops, other.flops), saved_bytes=line(self.saved_bytes, other.saved_bytes))
+
+
+_NEVER = 2**62
+
+
+@functools.lru_cache(maxsize=256)
+def _replay(model_name: str, spec_key: tuple, dims: tuple, precision: str, checkpointing: str, *,
+            batch: int, device: str, group: int) -> _Raw:
+    """Replay two micro-batches of the loop on fake tensors (the first without gradients,
+    the second adding into them), recording every storage's life and the marks.
 
     `group` > 0 (GPT): mark the boundaries of the first two groups of `group` blocks:
     F0/F1 after each group's forward, B1/B0 when the gradient of each group's input is
     complete (suffixed with the micro-batch number).
     """
+    micro_batches = 2
     from workbench.core.models import loss_fn, set_activation_checkpointing
     from workbench.measure.counters import FlopCounter, SavedActivationCounter
 
@@ -227,18 +266,17 @@ def simulate(model_name: str, spec_key: tuple, dims: tuple, precision: str, chec
     with _fake_mode():
         model = build(model_name, spec_key, dims)
         set_activation_checkpointing(model, checkpointing)
-        live = LiveTensors(round_to=CUDA_BLOCK_BYTES if device == "cuda" else 1, levels=True)
+        live = LiveTensors(levels=True)  # exact sizes: a device's rounding is applied after
         # One op recorder per micro-batch; the first also counts the FLOPs reported.
         counters = [FlopCounter(record_ops=True) for _ in range(micro_batches)]
         flops, saved = counters[0], SavedActivationCounter(model)
-        marks: dict[str, Mark] = {}
+        marks: dict[str, tuple[int, int, int, int]] = {}
         state = SimpleNamespace(forward=False, micro=0)
 
         def mark(label: str) -> None:
             live.mark(label)
-            _, index, level, clock = live.marks[-1]
-            ops = counters[state.micro - 1].ops or ()
-            marks[f"{label}.{state.micro}"] = Mark(index, level, flops.total, saved.bytes, clock, len(ops))
+            clock = live.marks[-1][3]
+            marks[f"{label}.{state.micro}"] = (clock, flops.total, saved.bytes, len(counters[state.micro - 1].ops or ()))
 
         if group:
             blocks = model.blocks
@@ -308,18 +346,69 @@ def simulate(model_name: str, spec_key: tuple, dims: tuple, precision: str, chec
         finally:
             gc.enable()
         del logits, loss, batch_now, ahead, scalars, scale
+        storages = [(born, freed, size) for born, size, freed in live.released]
+        storages += [(live._born[key], _NEVER, size) for key, size in live._live.items()]
+        return _Raw(storages=tuple(sorted(storages)), marks=marks, ops=tuple(tuple(c.ops or ()) for c in counters),
+                    flops=flops.total, saved_bytes=saved.bytes)
+
+
+@functools.lru_cache(maxsize=512)
+def simulate(model_name: str, spec_key: tuple, dims: tuple, precision: str, checkpointing: str, *,
+             batch: int, micro_batches: int, device: str, group: int = 0) -> Simulation:
+    """The loop's first `micro_batches` (1 or 2) micro-batches at `batch` samples, on `device`.
+
+    Every tensor's size is affine in the micro-batch, and the ops are the same at any size
+    from 2 on: so two replays, at 2 and 3 samples, give every storage's size at any batch,
+    exactly, and the device's rounding is applied to each. (Checked: when the two replays
+    differ in shape, or for 1 sample, the batch itself is replayed.)
+    """
+    key = (model_name, spec_key, dims, precision, checkpointing)
+    if batch in (2, 3) or batch < 2:
+        raw = _replay(*key, batch=batch, device=device, group=group)
+    else:
+        two, three = (_replay(*key, batch=b, device=device, group=group) for b in (2, 3))
+        raw = (two.at(three, 2, 3, batch) if two.shape() == three.shape()
+               else _replay(*key, batch=batch, device=device, group=group))
+    return _materialise(raw, micro_batches, round_to=CUDA_BLOCK_BYTES if device == "cuda" else 1)
+
+
+def _materialise(raw: _Raw, micro_batches: int, *, round_to: int) -> Simulation:
+    """Live bytes after every allocation, and each mark's place and level, with sizes rounded."""
+    size = (lambda n: n) if round_to <= 1 else (lambda n: n and -(-n // round_to) * round_to)
+    events = sorted([(born, size(n)) for born, _, n in raw.storages] +
+                    [(freed, -size(n)) for _, freed, n in raw.storages if freed != _NEVER])
+    stop = raw.marks[f"end.{micro_batches}"][0]
+    levels, level, at_clock = [], 0, []
+    for clock, change in events:
+        if clock > stop:
+            break
+        level += change
+        if change > 0:
+            levels.append(level)
+        at_clock.append((clock, level, len(levels)))
+    clocks = [c for c, _, _ in at_clock]
+
+    def place(clock: int) -> tuple[int, int]:  # (allocations before, live bytes) at a mark's clock
+        i = bisect.bisect_left(clocks, clock)
+        return (at_clock[i - 1][2], at_clock[i - 1][1]) if i else (0, 0)
+
+    marks = {}
+    for label, (clock, flops, saved, op) in raw.marks.items():
+        if int(label.rsplit(".", 1)[1]) <= micro_batches:
+            index, lvl = place(clock)
+            marks[label] = Mark(index, lvl, flops, saved, clock, op)
+    let_go = []
+    for micro in range(1, micro_batches + 1):
+        if f"F0.{micro}" not in marks:
+            let_go.append(0)
+            continue
         # What the second group made in its forward and autocast let go of when the forward
         # ended (its weight casts, unless saved): one more group holds that only until then.
-        let_go = []
-        for micro in range(1, micro_batches + 1):
-            if not group:
-                let_go.append(0)
-                continue
-            f0, f1, end = (marks[f"{k}.{micro}"].clock for k in ("F0", "F1", "forward_end"))
-            let_go.append(sum(size for born, size, freed in live.released if f0 < born < f1 and f1 < freed < end))
-        return Simulation(levels=tuple(live.levels or ()), marks=marks, flops=flops.total, saved_bytes=saved.bytes,
-                          end_bytes=marks[f"end.{micro_batches}"].level, let_go=tuple(let_go),
-                          ops=tuple(tuple(c.ops or ()) for c in counters))
+        f0, f1, end = (marks[f"{k}.{micro}"].clock for k in ("F0", "F1", "forward_end"))
+        let_go.append(sum(size(n) for born, freed, n in raw.storages if f0 < born < f1 and f1 < freed < end))
+    return Simulation(levels=tuple(levels), marks=marks, flops=raw.flops, saved_bytes=raw.saved_bytes,
+                      end_bytes=marks[f"end.{micro_batches}"].level, let_go=tuple(let_go),
+                      ops=raw.ops[:micro_batches])
 
 
 class StepOps(NamedTuple):

@@ -70,7 +70,7 @@ class LiveTensors(TorchDispatchMode):
 
     def _size(self, nbytes: int) -> int:
         r = self.round_to
-        return nbytes if r <= 1 else max(r, -(-nbytes // r) * r)
+        return nbytes if r <= 1 or not nbytes else -(-nbytes // r) * r
 
     def add(self, tensors: Iterable[torch.Tensor]) -> None:
         """Count tensors that already exist (e.g. parameters) as live from now on."""
