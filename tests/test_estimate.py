@@ -156,3 +156,23 @@ def test_estimate_rejects_what_it_cannot_size_with_one_line_errors():
         estimate(RunConfig(model="mlp", data="hub:someone/images"))
     with pytest.raises(ValueError, match="device='tpu'"):
         estimate(RunConfig(model="mlp"), device="tpu")
+
+
+@pytest.mark.parametrize("model, dims, seq_len, precision, checkpointing, device, group", [
+    ("gpt", {"n_layer": 2, "n_head": 4, "d_model": 64}, 32, "bf16", "all", "cuda", 1),
+    ("gpt", {"n_layer": 4, "n_head": 2, "d_model": 48}, 40, "fp32", "every_other", "cpu", 2),
+    ("mlp", {"hidden": (64, 32)}, None, "fp16", "none", "cuda", 0),
+    ("cnn", {"channels": (4, 8)}, None, "fp32", "none", "cpu", 0),
+])
+def test_a_micro_batch_read_off_the_replays_at_2_and_3_samples_equals_its_own_replay(
+        model, dims, seq_len, precision, checkpointing, device, group):
+    from workbench.measure import fakestep
+
+    cfg = RunConfig(model=model, dims=dims, seq_len=seq_len).resolved()
+    key, frozen = estimate_module._spec_key(input_spec(cfg)), estimate_module._freeze(dims)
+    for batch in (4, 13):
+        for micro_batches in (1, 2):
+            read_off = fakestep.simulate(model, key, frozen, precision, checkpointing, batch=batch,
+                                         micro_batches=micro_batches, device=device, group=group)
+            own = fakestep._replay(model, key, frozen, precision, checkpointing, batch=batch, device=device, group=group)
+            assert read_off == fakestep._materialise(own, micro_batches, round_to=512 if device == "cuda" else 1)
