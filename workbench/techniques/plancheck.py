@@ -41,7 +41,8 @@ def max_micro_batch(config: RunConfig, *, target: Target, vocab_size: int | None
     base = dataclasses.replace(config.resolved(), epochs=None)
 
     def at(batch: int) -> int:
-        return target.memory_of(estimate(dataclasses.replace(base, batch_size=batch), vocab_size=vocab_size))
+        return target.memory_of(estimate(dataclasses.replace(base, batch_size=batch), vocab_size=vocab_size,
+                                         device=target.device))
 
     one, two = at(1), at(2)
     if one > target.usable_bytes:
@@ -118,8 +119,8 @@ class Verification(Report):
             rows.append(("peak (CUDA max_memory_allocated)", format_bytes(est.peak_bytes), format_bytes(m.peak_bytes),
                          f"{m.peak_bytes / est.peak_bytes:.3f}"))
         else:
-            rows.append(("peak", format_bytes(est.peak_bytes), "not measurable on CPU (VmHWM holds the interpreter)",
-                         "n/a"))
+            rows.append(("peak", format_bytes(est.peak_bytes), "not read in a timed CPU run (peakcheck.check_peak "
+                         "tracks live tensors)", "n/a"))
         return rows
 
     @property
