@@ -13,7 +13,7 @@ from workbench.measure.counters import gpt_activation_bytes_formula, gpt_flops_f
 from workbench.measure.estimate import accelerate_estimate, estimate, input_spec
 from workbench.techniques.peakcheck import check_peak
 
-BIG = dict(n_layer=32, n_head=32, d_model=2560)  # GPT-Neo 2.7B's shape, the seed's "3B"
+BIG = dict(n_layer=32, n_head=32, d_model=2560)  # Pythia-2.8B's shape (GPT-Neo 2.7B has 20 heads), a "3B"
 
 
 def test_input_specs_match_what_load_data_builds():

@@ -144,3 +144,21 @@ def test_the_predicted_peak_is_within_10_percent_of_cudas_max_memory_allocated()
         cfg = RunConfig(model="gpt", device="cuda", preset="gpu", steps=3, eval_samples=0, batch_size=8, **changes)
         check = check_peak(cfg)
         assert abs(check.ratio - 1) < 0.10, (changes, check)
+
+
+def test_notebook_07_sizes_gpt_neo_2_7b_by_its_real_shape_and_plans_the_seeds_1_2b_model():
+    import json
+    from pathlib import Path
+
+    cells = json.loads((Path(__file__).parents[1] / "notebooks" / "07_planner.ipynb").read_text())["cells"]
+    text = ["".join(c["source"]) for c in cells]
+    # GPT-Neo 2.7B: 32 layers, width 2560, 20 heads, a 2,048-token context (32 heads is Pythia-2.8B)
+    big = next(t for t in text if "big = wb.RunConfig(" in t)
+    assert "dims=dict(n_layer=32, n_head=20, d_model=2560), seq_len=2048" in big
+    assert any("GPT-Neo\n2.7B's" in t and "20 heads" in t and "2,048-token context" in t for t in text)
+    # the seed's before/after table is about a 1.2B model: planned on paper too (GPT-Neo 1.3B's shape)
+    assert any("mid = wb.RunConfig(model=\"gpt\", dims=dict(n_layer=24, n_head=16, d_model=2048)" in t for t in text)
+    cfg = RunConfig(model="gpt", dims={"n_layer": 24, "n_head": 16, "d_model": 2048}, seq_len=512, batch_size=1)
+    est = estimate(cfg, vocab_size=50257, device="cuda")
+    assert 1.2e9 < est.parameter_count < 1.35e9
+    assert est.model_state_bytes < Target.gpu("A100 SXM4 40GB", **A100).usable_bytes  # its AdamW state fits
