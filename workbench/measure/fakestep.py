@@ -134,7 +134,12 @@ def model_state(model_name: str, spec_key: tuple, dims: tuple, optimizer: str, w
     optimizer step's temporaries in steady state (the second step: the state exists)."""
     from workbench.core.config import RunConfig
     from workbench.core.optim import make_optimizer
-    from workbench.measure.counters import FlopCounter, gradient_bytes, optimizer_state_bytes, parameter_bytes
+    from workbench.measure.counters import (
+        FlopCounter,
+        gradient_bytes,
+        optimizer_state_bytes,
+        parameter_bytes,
+    )
 
     foreach = device == "cuda"  # torch's default: foreach on CUDA tensors, per parameter on CPU ones
     with _fake_mode():

@@ -78,23 +78,18 @@ class Target:
         The 5% default headroom stands for the CUDA context and allocator fragmentation.
         """
         from workbench.core.hardware import GPU_SPECS, gpu_spec_key, tf32_enabled
-        from workbench.techniques.speed import Roofline
 
         key = gpu_spec_key(name)
         if key is None:
             raise ValueError(f"GPU {name!r} is not in hardware.GPU_SPECS; use one of {sorted(GPU_SPECS)}")
         if memory_bytes < 1 or not 0 <= headroom < 1:
             raise ValueError(f"memory_bytes={memory_bytes} must be positive and headroom={headroom} in [0, 1)")
-        spec = GPU_SPECS[key]
         tf32 = tf32_enabled() if tf32 is None else tf32
-        on_tf32 = tf32 and "tf32" in spec.tflops
-        peaks = {p: t * 1e12 for p, t in spec.tflops.items() if p != "tf32"}
-        if on_tf32:
-            peaks["fp32"] = spec.tflops["tf32"] * 1e12
-        speed = Roofline(peaks, spec.memory_bandwidth, note=spec.source)
+        speed = _roofline(key, tf32=tf32)
+        peaks = dict(speed.peaks)
         if "bf16" in peaks:  # same memory and speed as fp16 where both exist, and no loss scaling
             peaks.pop("fp16", None)
-        fp32 = "fp32 on TF32" if on_tf32 else "fp32 without TF32"
+        fp32 = "fp32 on TF32" if tf32 and "tf32" in GPU_SPECS[key].tflops else "fp32 without TF32"
         return cls(f"{key} ({format_bytes(memory_bytes)}; {fp32})", memory_bytes, peaks, headroom, speed=speed,
                    device="cuda")
 
@@ -107,7 +102,11 @@ class Target:
         A precision this machine emulates stays in (it is slow here, and the timing shows it);
         one it cannot run is left out.
         """
-        from workbench.core.hardware import peak_flops, precision_support, resolve_device
+        from workbench.core.hardware import (
+            peak_flops,
+            precision_support,
+            resolve_device,
+        )
         from workbench.techniques.speed import MeasuredHere
 
         if memory_budget_bytes < 1:
@@ -118,7 +117,7 @@ class Target:
             raise ValueError(f"none of {precisions} can run on this {device}; pass e.g. precisions=('fp32',)")
         # The reference peak where there is one (an emulated dtype has none: 0 here).
         peaks = {p: peak_flops(device, p)[0] or 0.0 for p in usable}
-        speed = MeasuredHere() if device == "cpu" else None
+        speed = MeasuredHere() if device == "cpu" else _gpu_roofline()
         return cls(f"this {device.upper() if device == 'cpu' else 'GPU'} (simulated budget "
                    f"{format_bytes(memory_budget_bytes)})", memory_budget_bytes, peaks, 0.0, simulated=True,
                    speed=speed, device=device)
@@ -129,6 +128,28 @@ class Target:
     def memory_of(self, est: Estimate) -> int:
         """The estimate's figure this target is held to: exact counts if simulated, else the peak."""
         return est.counted_bytes if self.simulated else est.peak_bytes
+
+
+def _roofline(key: str, *, tf32: bool) -> Any:
+    """A roofline from GPU_SPECS[key]: its dense peaks (fp32 matmuls on TF32 if `tf32` and the
+    card has it) and its memory bandwidth."""
+    from workbench.core.hardware import GPU_SPECS
+    from workbench.techniques.speed import Roofline
+
+    spec = GPU_SPECS[key]
+    peaks = {p: t * 1e12 for p, t in spec.tflops.items() if p != "tf32"}
+    if tf32 and "tf32" in spec.tflops:
+        peaks["fp32"] = spec.tflops["tf32"] * 1e12
+    return Roofline(peaks, spec.memory_bandwidth, note=spec.source)
+
+
+def _gpu_roofline() -> Any:
+    """This GPU's roofline from its data sheet, or None (FLOPs at peak) for a card not in it."""
+    from workbench.core.hardware import gpu_info, gpu_spec_key, tf32_enabled
+
+    info = gpu_info()
+    key = info and gpu_spec_key(info.name)
+    return _roofline(key, tf32=tf32_enabled()) if key else None
 
 
 @dataclass(frozen=True, slots=True)
