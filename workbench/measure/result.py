@@ -79,6 +79,7 @@ class RunResult:
     """FLOPs of one optimizer step (forward + backward, all micro-batches), counted."""
     tflops_per_sec: float | None
     mfu: float | None
+    """Achieved over peak FLOP/s; None where there is no honest peak (peak_flops_source says why)."""
     peak_flops_source: str
     data_wait_fraction: float | None
     """Share of the timed steps spent waiting for the next batch."""
@@ -98,6 +99,8 @@ class RunResult:
     """fp16: the GradScaler's scale at each log step (loss_steps); empty otherwise."""
     skipped_steps: int = 0
     """fp16: optimizer steps the GradScaler skipped (inf/NaN gradients); counted every step."""
+    peak_flops: float | None = None
+    """The peak FLOP/s MFU is measured against (one process); None with the reason in peak_flops_source."""
 
     @property
     def final_loss(self) -> float | None:
