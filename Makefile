@@ -1,7 +1,7 @@
 # The two commands of the README. Both install what is missing first (scripts/setup.sh).
 PY := $(if $(VIRTUAL_ENV)$(CONDA_PREFIX),python,.venv/bin/python)
 
-.PHONY: lab test setup browser benchmark
+.PHONY: lab test setup browser benchmark preflight learner-copies
 
 setup:
 	@bash scripts/setup.sh lab,test,quantization
@@ -24,3 +24,11 @@ test: setup browser
 
 benchmark: setup
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PY) benchmarks/overhead.py
+
+# A workshop machine in under 30 s: packages, data, hardware (what it emulates), one run.
+preflight: setup
+	OMP_NUM_THREADS=1 $(PY) -m workbench.preflight
+
+# The learners' copies (no outputs, no `solution` cells) in learners/: what a teacher hands out.
+learner-copies:
+	python3 scripts/learner_copies.py

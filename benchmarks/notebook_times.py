@@ -42,7 +42,11 @@ def run_notebook(path: pathlib.Path, *, timeout_s: int, save_to: pathlib.Path | 
     """Execute one notebook in a fresh kernel; its time, its cells' times, and how it ended."""
     import nbformat
     from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+    from nbclient.exceptions import (
+        CellExecutionError,
+        CellTimeoutError,
+        DeadKernelError,
+    )
 
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=timeout_s, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}},

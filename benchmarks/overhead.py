@@ -17,6 +17,7 @@ and the static PNG).
 
 Arms:
   bare       a hand-written loop: forward, loss, backward, step; loss.item() at log steps
+  monitor    the bare loop under wb.monitor (three added lines; text sink to /dev/null)
   run        workbench.run() with the text sink (throttled printing to /dev/null)
   dashboard  workbench.run() with the widget Dashboard, displayed in the kernel (no browser)
 
@@ -34,7 +35,7 @@ import statistics
 import sys
 import time
 
-ARMS = ("bare", "run", "dashboard")
+ARMS = ("bare", "monitor", "run", "dashboard")
 
 
 def _config(model: str, steps: int, log_every: int):
@@ -44,11 +45,15 @@ def _config(model: str, steps: int, log_every: int):
                      preset=os.environ.get("WORKBENCH_PRESET", "cpu")).resolved()
 
 
-def bare_step_time(model_name: str, steps: int, log_every: int) -> dict:
-    """A plain PyTorch loop over the same model, data, DataLoader and optimizer."""
+def bare_step_time(model_name: str, steps: int, log_every: int, *, monitored: bool = False) -> dict:
+    """A plain PyTorch loop over the same model, data, DataLoader and optimizer; with
+    `monitored`, the same loop under wb.monitor (its three added lines, marked)."""
+    import contextlib
+
     import torch
     import torch.nn.functional as F
 
+    import workbench as wb
     from workbench.core.data import build_dataloader, load_data
     from workbench.core.models import build_model
 
@@ -58,21 +63,27 @@ def bare_step_time(model_name: str, steps: int, log_every: int) -> dict:
     model = build_model(cfg.model, data=bundle, dims=cfg.dims)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     loader = build_dataloader(bundle.train, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed)
+    mon = (wb.monitor(model, optimizer, steps=steps, log_every=cfg.log_every, name="monitor",  # monitor
+                      sinks=[wb.TextSink(open(os.devnull, "w"))]) if monitored else None)
     step, start = 0, None
-    while step < steps:
-        for batch in loader:
-            logits = model(batch["inputs"])
-            loss = F.cross_entropy(logits.flatten(0, -2).float(), batch["labels"].flatten())
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            if step == 1:
-                start = time.perf_counter()  # the first step is warm-up, as in run()
-            elif step % cfg.log_every == 0 or step == steps:
-                loss.item()
-            if step == steps:
-                break
+    with mon or contextlib.nullcontext():
+        while step < steps:
+            for batch in loader:
+                with mon.step(samples=len(batch["labels"])) if mon else contextlib.nullcontext():  # monitor
+                    logits = model(batch["inputs"])
+                    loss = F.cross_entropy(logits.flatten(0, -2).float(), batch["labels"].flatten())
+                    loss.backward()
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                    if mon:
+                        mon.loss(loss)  # monitor
+                step += 1
+                if step == 1:
+                    start = time.perf_counter()  # the first step is warm-up, as in run()
+                elif not mon and (step % cfg.log_every == 0 or step == steps):
+                    loss.item()  # the monitor reads the loss at its log steps itself
+                if step == steps:
+                    break
     return {"step_time_s": (time.perf_counter() - start) / (steps - 1)}
 
 
@@ -117,8 +128,8 @@ def workbench_step_time(model_name: str, steps: int, log_every: int, arm: str) -
 def _one(client, arm: str, model: str, steps: int, log_every: int) -> dict:
     """One arm in the given fresh kernel; its figures as a dict."""
     here = os.path.dirname(os.path.abspath(__file__))
-    call = (f"bare_step_time({model!r}, {steps}, {log_every})" if arm == "bare"
-            else f"workbench_step_time({model!r}, {steps}, {log_every}, {arm!r})")
+    call = (f"bare_step_time({model!r}, {steps}, {log_every}, monitored={arm == 'monitor'})"
+            if arm in ("bare", "monitor") else f"workbench_step_time({model!r}, {steps}, {log_every}, {arm!r})")
     code = f"import sys, json; sys.path.insert(0, {here!r}); from overhead import *; print('RESULT', json.dumps({call}))"
     msg_id = client.execute(code)
     result = None

@@ -3,8 +3,8 @@
 import pytest
 
 from workbench import RunConfig
-from workbench.techniques import accumulation
 from workbench.measure.probe import make_probe
+from workbench.techniques import accumulation
 
 TINY_GPT = RunConfig(model="gpt", preset="cpu-quick", seq_len=16, dims={"n_layer": 2, "n_head": 2, "d_model": 32})
 

@@ -4,11 +4,19 @@ import pytest
 import torch
 
 from workbench import RunConfig
-from workbench.techniques.checkpointing import Segments, checkpoint_sequential_forward, checkpointing_dial, segment_blocks
-from workbench.measure.counters import SavedActivationCounter, count_flops, gpt_activation_bytes_formula
-from workbench.core.models import set_activation_checkpointing
+from workbench.core.models import loss_fn, set_activation_checkpointing
+from workbench.measure.counters import (
+    SavedActivationCounter,
+    count_flops,
+    gpt_activation_bytes_formula,
+)
 from workbench.measure.probe import gradients, make_probe
-from workbench.core.models import loss_fn
+from workbench.techniques.checkpointing import (
+    Segments,
+    checkpoint_sequential_forward,
+    checkpointing_dial,
+    segment_blocks,
+)
 
 S, H, A, B = 16, 32, 2, 2
 TINY_GPT = RunConfig(model="gpt", preset="cpu-quick", seq_len=S, dims={"n_layer": 4, "n_head": A, "d_model": H})
@@ -71,7 +79,7 @@ def test_the_dial_rejects_empty_settings_bad_rounds_and_unknown_names(probe):
     with pytest.raises(ValueError, match="rounds=0"):
         checkpointing_dial(model, probe.inputs, probe.labels, {"none": "none"}, rounds=0)
     dial = checkpointing_dial(model, probe.inputs, probe.labels, {"none": "none"}, rounds=1)
-    with pytest.raises(KeyError, match="no dial setting 'al'"):
+    with pytest.raises(KeyError, match="no dial setting named 'al'"):
         dial.point("al")
 
 

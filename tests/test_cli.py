@@ -117,3 +117,10 @@ def test_two_machines_on_loopback_form_one_run(tmp_path):
     assert codes[1] == 0, outputs[1][-3000:]
     _check(tmp_path / "r0.json", subprocess.CompletedProcess([], codes[0], outputs[0], ""))
     assert not (tmp_path / "r1.json").exists()  # only global rank 0 writes
+
+
+def test_the_named_choices_in_the_help_come_from_the_config_annotations():
+    help_text = build_parser().format_help()
+    assert "--precision {fp32,fp16,bf16}" in help_text
+    assert "--activation-checkpointing {none,all,every_other}" in help_text
+    assert "--preset {cpu-quick,cpu,gpu}" in help_text

@@ -2,9 +2,9 @@
 
 import pytest
 
-from workbench.views.compare import compare
 from workbench.core.config import RunConfig
 from workbench.measure.result import MemoryBreakdown, RunResult
+from workbench.views.compare import compare
 
 
 def _result(name, *, step_time, activations, precision="fp32"):

@@ -141,3 +141,18 @@ def test_bad_preset_environment_variable_is_named(monkeypatch):
     monkeypatch.setenv("WORKBENCH_PRESET", "fast")
     with pytest.raises(ValueError, match="WORKBENCH_PRESET='fast' is not a preset"):
         RunConfig().resolved()
+
+
+def test_the_named_choices_are_read_off_the_annotations_and_the_registries():
+    from workbench.core.config import field_choices
+    from workbench.core.models import MODEL_SPECS
+    from workbench.core.optim import OPTIMIZERS
+    from workbench.core.precisions import PRECISIONS
+    from workbench.core.presets import PRESETS
+
+    assert field_choices("model") == tuple(MODEL_SPECS)
+    assert field_choices("optimizer") == tuple(OPTIMIZERS)
+    assert field_choices("precision") == PRECISIONS
+    assert field_choices("preset") == tuple(PRESETS)
+    assert field_choices("activation_checkpointing") == ("none", "all", "every_other")
+    assert field_choices("batch_size") == ()

@@ -10,9 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from workbench.core.data import catalog, load, tables
-from workbench.core.data import sources
-from workbench.core.data import DATASETS, build_dataloader, load_data
+from workbench.core.data import (
+    DATASETS,
+    build_dataloader,
+    catalog,
+    load,
+    load_data,
+    sources,
+    tables,
+)
 
 TASKS = {"image_classification", "text_classification", "language_modeling"}
 

@@ -7,7 +7,12 @@ import pytest
 
 from workbench import RunConfig, run
 from workbench.engine import train
-from workbench.engine.launch import LaunchError, check_world_size, launch, launch_function
+from workbench.engine.launch import (
+    LaunchError,
+    check_world_size,
+    launch,
+    launch_function,
+)
 from workbench.views.sinks import RecordingSink
 
 TINY = dict(model="mlp", data="digits", steps=8, log_every=2, dims={"hidden": (32,)}, eval_samples=100)

@@ -64,7 +64,7 @@ def test_the_package_has_every_layer_and_no_module_outside_them() -> None:
     layers = {layer(m) for m in GRAPH}
     assert layers == set(RANK)
     top = sorted(m for m in GRAPH if layer(m) == "top")
-    assert top == ["workbench", "workbench.__main__", "workbench.api", "workbench.cli"]
+    assert top == ["workbench", "workbench.__main__", "workbench.api", "workbench.cli", "workbench.preflight"]
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))

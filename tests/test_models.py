@@ -8,7 +8,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from workbench.measure.counters import SavedActivationCounter, count_flops, gpt_activation_bytes_formula
 from workbench.core.models import (
     GPT,
     MLP,
@@ -18,6 +17,11 @@ from workbench.core.models import (
     build_model,
     parameter_count,
     set_activation_checkpointing,
+)
+from workbench.measure.counters import (
+    SavedActivationCounter,
+    count_flops,
+    gpt_activation_bytes_formula,
 )
 
 S, B, H, A, V = 32, 2, 64, 4, 97

@@ -1,8 +1,9 @@
 """environment.yml and pyproject.toml name the same packages."""
 
 import re
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import pytest
 
 from workbench import RunConfig
-from workbench.techniques import pipeline_bench as bench
-from workbench.techniques import input_pipelines as pl
 from workbench.core.data import build_dataloader, image_pixels
+from workbench.techniques import input_pipelines as pl
+from workbench.techniques import pipeline_bench as bench
 
 
 @pytest.fixture(scope="module")

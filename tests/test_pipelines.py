@@ -17,11 +17,16 @@ import torch
 from PIL import Image
 
 from workbench import RunConfig, run
-from workbench.techniques import pipeline_bench as bench
-from workbench.core.data import files
-from workbench.techniques import input_pipelines as pl
-from workbench.core.data import DATASETS, build_dataloader, image_pixels, load_data
+from workbench.core.data import (
+    DATASETS,
+    build_dataloader,
+    files,
+    image_pixels,
+    load_data,
+)
 from workbench.core.data.catalog import MNIST_MEAN, MNIST_STD
+from workbench.techniques import input_pipelines as pl
+from workbench.techniques import pipeline_bench as bench
 from workbench.views.sinks import RecordingSink
 
 REPO = Path(__file__).resolve().parents[1]

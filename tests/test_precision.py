@@ -8,12 +8,25 @@ import torch.nn.functional as F
 
 from workbench import ConfigError, RunConfig, run
 from workbench.core import hardware
-from workbench.techniques import mixed_precision as precision_module
-from workbench.measure.counters import SavedActivationCounter, gpt_activation_bytes_formula
-from workbench.techniques.autocast_dtypes import autocast_policy, inspect_model, inspect_precision
 from workbench.core.models import GPT
 from workbench.core.precisions import SCALER_DEFAULTS
-from workbench.techniques.mixed_precision import accelerate_setup, gpt_activation_bytes_autocast, loss_saved_bytes, simulate_scaler, steps_for
+from workbench.measure.counters import (
+    SavedActivationCounter,
+    gpt_activation_bytes_formula,
+)
+from workbench.techniques import mixed_precision as precision_module
+from workbench.techniques.autocast_dtypes import (
+    autocast_policy,
+    inspect_model,
+    inspect_precision,
+)
+from workbench.techniques.mixed_precision import (
+    accelerate_setup,
+    gpt_activation_bytes_autocast,
+    loss_saved_bytes,
+    simulate_scaler,
+    steps_for,
+)
 from workbench.views.sinks import RecordingSink
 
 TINY = dict(model="mlp", data="digits", batch_size=32, steps=4, log_every=1, dims={"hidden": (32,)}, eval_samples=64)

@@ -10,7 +10,13 @@ from torch import nn
 import workbench as wb
 from workbench.core import torchao_support
 from workbench.techniques import quantization as wq
-from workbench.techniques.quant_report import QuantResult, compare_quantized, linear_weight_bytes, measure, size_on_disk
+from workbench.techniques.quant_report import (
+    QuantResult,
+    compare_quantized,
+    linear_weight_bytes,
+    measure,
+    size_on_disk,
+)
 
 pytest.importorskip("torchao", reason="torchao is optional: the 'quantization' extra")
 

@@ -22,6 +22,7 @@ _EXPORTS = {
     "ConfigError": "core.config",
     "run": "api",
     "launch": "api",
+    "monitor": "api",
     "last_result": "engine.train",
     "RunInterrupted": "engine.train",
     "RunResult": "measure.result",
@@ -67,7 +68,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from workbench.api import launch, run
+    from workbench.api import launch, monitor, run
     from workbench.core.config import ConfigError, RunConfig
     from workbench.core.data import load_data
     from workbench.core.hardware import hardware_report

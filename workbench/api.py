@@ -12,6 +12,7 @@ from typing import Any
 
 from workbench.core.config import RunConfig
 from workbench.engine import launch as _launch
+from workbench.engine import monitor as _monitor
 from workbench.engine import train as _train
 from workbench.measure.records import Sink
 from workbench.measure.result import RunResult
@@ -38,5 +39,14 @@ def launch(config: RunConfig, *, num_processes: int = 2, name: str | None = None
                           sinks=default_sinks() if sinks is None else sinks, **kwargs)
 
 
+def monitor(model: Any, optimizer: Any = None, *, steps: int, name: str = "hand-written loop",
+            sinks: Iterable[Sink] | None = None, **kwargs: Any) -> _monitor.Monitor:
+    """Measure a hand-written loop (`workbench.engine.monitor.monitor`), shown live; None sinks:
+    the dashboard in a notebook, text elsewhere."""
+    return _monitor.monitor(model, optimizer, steps=steps, name=name,
+                            sinks=default_sinks() if sinks is None else sinks, **kwargs)
+
+
 run.__doc__ = f"{run.__doc__}\n\n{_train.run.__doc__}"
 launch.__doc__ = f"{launch.__doc__}\n\n{_launch.launch.__doc__}"
+monitor.__doc__ = f"{monitor.__doc__}\n\n{_monitor.monitor.__doc__}"

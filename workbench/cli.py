@@ -25,7 +25,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from workbench.core.config import ConfigError, RunConfig
+from workbench.core.config import ConfigError, RunConfig, field_choices
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -77,8 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
             parser.add_argument(flag, dest=field.name, action=argparse.BooleanOptionalAction,
                                 default=None, help=help_text)
         else:
+            # Named choices come off the field's Literal annotation; RunConfig checks them (its
+            # one-line error names the field and the choices), argparse only shows them.
+            choices = field_choices(field.name)
+            metavar = "{" + ",".join(choices) + "}" if choices else field.name.upper()
             parser.add_argument(*names, dest=field.name, type=_converter(str(field.type)), default=None,
-                                metavar=field.name.upper(), help=help_text)
+                                metavar=metavar, help=help_text)
     parser.add_argument("--name", help="the run's name in the log")
     parser.add_argument("--json", metavar="PATH", help="rank 0 writes the result's figures here as JSON")
     return parser

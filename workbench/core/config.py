@@ -10,12 +10,12 @@ field and the fix, before any data is loaded or memory allocated.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import math
 import os
-from dataclasses import dataclass
-import functools
 import typing
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from workbench.core import hardware

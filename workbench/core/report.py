@@ -31,6 +31,16 @@ def format_bytes(n: float | None) -> str:
     raise AssertionError("unreachable")
 
 
+def counted_rows(counts: Any) -> list[tuple[str, str]]:
+    """The four exact counts of a step, labelled (a MemoryBreakdown or an Estimate)."""
+    return [
+        ("parameters", format_bytes(counts.parameter_bytes)),
+        ("gradients", format_bytes(counts.gradient_bytes)),
+        ("optimizer state", format_bytes(counts.optimizer_state_bytes)),
+        ("saved activations (one micro-batch)", format_bytes(counts.activation_bytes)),
+    ]
+
+
 def html_table(rows: Sequence[Sequence[Any]], *, header: Sequence[str] = (), caption: str = "") -> str:
     esc = lambda v: html.escape(str(v))  # noqa: E731
     parts = ["<table>"]
@@ -78,6 +88,9 @@ class Report:
     def _repr_html_(self) -> str:
         return html_table(self.rows(), header=self.header, caption=self.caption()) + self.extra_html()
 
+    def __repr__(self) -> str:
+        return str(self)
+
 
 @dataclass(frozen=True)
 class Table:
@@ -94,3 +107,70 @@ class Table:
 
     def __str__(self) -> str:
         return text_table(self.rows, header=self.header, caption=self.caption)
+
+
+def figure_html(figure: Any, *, tight: bool = True) -> str:
+    """A matplotlib figure as an inline <img>: a saved notebook shows it on the web."""
+    import base64
+    import io
+
+    buf = io.BytesIO()
+    figure.savefig(buf, format="png", dpi=90, bbox_inches="tight" if tight else None)
+    return f"<img src='data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}'/>"
+
+
+class Results(Report):
+    """Named results measured together, the first the baseline: what compare(), the
+    quantization comparison and the checkpointing dial have in common.
+
+    Subclasses name their items (`kind`, e.g. "run"), give `rows()`/`header`, and may
+    override `value()` (how a metric is read off an item) and `make_figure()`.
+    """
+
+    kind = "result"
+    """What one item is called in messages ("run", "variant", "dial setting")."""
+    name_hint = "pass name="
+    empty_message = ""
+    """What to say when there is nothing to compare (default: 'need at least one <kind>')."""
+
+    def __init__(self, items: Sequence[Any]) -> None:
+        if not items:
+            raise ValueError(f"{self.empty_message or f'need at least one {self.kind}'}; pass [baseline, other, ...]")
+        names = [item.name for item in items]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{self.kind} names must differ to compare them, got {names}; {self.name_hint}")
+        self.items = list(items)
+        self._figure: Any = None
+
+    def item(self, name: str) -> Any:
+        for item in self.items:
+            if item.name == name:
+                return item
+        raise KeyError(f"no {self.kind} named {name!r}; {self.kind}s: {[i.name for i in self.items]}")
+
+    def value(self, item: Any, metric: str) -> Any:
+        return getattr(item, metric)
+
+    def ratio(self, metric: str, name: str, *, to: str | None = None) -> float:
+        """metric(name) / metric(to, default the first item)."""
+        base = self.item(to) if to else self.items[0]
+        num, den = self.value(self.item(name), metric), self.value(base, metric)
+        if num is None or not den:
+            raise ValueError(f"{metric} was not measured for {name!r} and {base.name!r}")
+        return num / den
+
+    def make_figure(self) -> Any:
+        return None
+
+    @property
+    def figure(self) -> Any:
+        if self._figure is None:
+            self._figure = self.make_figure()
+        return self._figure
+
+    def extra_html(self) -> str:
+        figure = self.figure
+        return figure_html(figure) if figure is not None else ""
+
+    def __repr__(self) -> str:
+        return str(self)

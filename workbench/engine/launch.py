@@ -37,8 +37,8 @@ from dataclasses import replace
 from typing import Any
 
 from workbench.core.config import RunConfig
-from workbench.measure.result import RunResult
 from workbench.measure.records import RunEnd, RunStart, Sink, StepRecord
+from workbench.measure.result import RunResult
 
 _POLL_S = 0.05  # how often the parent looks at the pipes and the children
 
@@ -144,7 +144,10 @@ def _launch(target: RunConfig | Callable[..., Any], args: tuple, *, num_processe
     from accelerate.utils import PrepareForLaunch, patch_environment
     from torch.distributed import TCPStore
     from torch.multiprocessing import start_processes
-    from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
+    from torch.multiprocessing.spawn import (
+        ProcessExitedException,
+        ProcessRaisedException,
+    )
 
     _check_num_processes(num_processes)
     cpu = device == "cpu"
@@ -330,8 +333,8 @@ def _warm_up(cfg: RunConfig) -> None:
     import accelerate.accelerator  # noqa: F401
     import torch._dynamo  # noqa: F401  (accelerate's prepare() imports it: seconds, per child)
 
-    from workbench.engine import train
     from workbench.core.data import load_data
+    from workbench.engine import train  # noqa: F401  (the loop and what it imports)
 
     # The same arguments as run() uses, so the children hit this cache.
     load_data(cfg.data, seq_len=cfg.seq_len or 128, max_test=cfg.eval_samples or None, seed=cfg.seed)

@@ -10,7 +10,12 @@ from __future__ import annotations
 
 from torch import nn
 
-from workbench.core.torchao_support import import_torchao, intx_config, quiet_torchao_logs, require_linear
+from workbench.core.torchao_support import (
+    import_torchao,
+    intx_config,
+    quiet_torchao_logs,
+    require_linear,
+)
 
 
 def prepare_qat(model: nn.Module, *, bits: int) -> nn.Module:

@@ -15,7 +15,11 @@ import torch.nn.functional as F
 from workbench.core.config import RunConfig
 from workbench.core.models import MODEL_SPECS
 from workbench.engine import resume
-from workbench.measure.counters import gradient_bytes, optimizer_state_bytes, parameter_bytes
+from workbench.measure.counters import (
+    gradient_bytes,
+    optimizer_state_bytes,
+    parameter_bytes,
+)
 from workbench.measure.meters import IntervalMeter, MemoryMeter, mfu
 from workbench.measure.result import MemoryBreakdown, RunResult
 
@@ -72,7 +76,7 @@ def build_result(*, cfg: RunConfig, name: str, status: str, message: str, state:
         data_wait_fraction=timing.data_wait_fraction() if timing else None,
         memory=memory, eval_loss=eval_loss, accuracy=accuracy, device=device.type,
         warnings=warnings, wall_s=wall_s, num_processes=num_processes,
-        loss_scales=state.loss_scales, skipped_steps=state.skipped_steps,
+        loss_scales=state.loss_scales, skipped_steps=state.skipped_steps, peak_flops=peak,
     )
 
 

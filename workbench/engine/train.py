@@ -28,7 +28,13 @@ from workbench.engine import resume
 from workbench.engine.accelerator import loss_scale, make_accelerator
 from workbench.engine.state import LoopState, build_result, evaluate
 from workbench.measure import oom
-from workbench.measure.counters import FlopCounter, SavedActivationCounter, gradient_bytes, optimizer_state_bytes, parameter_bytes
+from workbench.measure.counters import (
+    FlopCounter,
+    SavedActivationCounter,
+    gradient_bytes,
+    optimizer_state_bytes,
+    parameter_bytes,
+)
 from workbench.measure.meters import IntervalMeter, MemoryMeter, Throughput, mfu
 from workbench.measure.records import RunEnd, RunStart, Sink, StepRecord
 from workbench.measure.result import RunResult
@@ -74,6 +80,11 @@ _last_results: list[RunResult] = []
 def last_result() -> RunResult | None:
     """The RunResult of the most recent run in this process, however it ended (None before any)."""
     return _last_results[-1] if _last_results else None
+
+
+def remember(result: RunResult) -> None:
+    """Make `result` what `last_result()` returns (run() and the monitor call it)."""
+    _last_results[:] = [result]
 
 
 def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = None,
@@ -161,14 +172,14 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
     for sink in sinks:
         sink.end(RunEnd(run_name=name, status=status, steps_done=state.step, message=message,
                         summary=result.summary(), rank=accelerator.process_index))
-    _last_results[:] = [result]
+    remember(result)
     if status != "ok":
         _free(accelerator)
         if status == "interrupted":
             raise RunInterrupted(result)
     elif keep_model:
         result = dataclasses.replace(result, model=accelerator.unwrap_model(model, keep_fp32_wrapper=False).eval())
-        _last_results[:] = [result]
+        remember(result)
     return result
 
 

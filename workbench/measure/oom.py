@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from workbench.core.report import Report
+
 __all__ = ["OOMReport", "parse_oom", "parse_size", "format_size", "oom_message", "check_budget"]
 
 _UNITS = {"bytes": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
@@ -65,9 +67,11 @@ def format_size(n: int) -> str:
     raise AssertionError("unreachable")
 
 
-@dataclass(frozen=True, slots=True)
-class OOMReport:
+@dataclass(frozen=True, slots=True, repr=False)
+class OOMReport(Report):
     """What an out-of-memory message says, in bytes (None where the format omits it)."""
+
+    header = ("", "size")
 
     requested_bytes: int
     """'Tried to allocate': the allocation that failed."""
@@ -95,6 +99,9 @@ class OOMReport:
         """Used by neither this process's allocator nor free: CUDA context, other processes."""
         held = self.reserved_bytes if self.reserved_bytes is not None else self.allocated_bytes
         return max(0, self.total_bytes - self.free_bytes - held)
+
+    def caption(self) -> str:
+        return f"out of memory ({'simulated budget' if self.simulated else self.format})"
 
     def rows(self) -> list[tuple[str, str]]:
         """(what, size) pairs, sizes printed as PyTorch prints them."""

@@ -2,26 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.core.config import RunConfig
-from workbench.core.report import Table, format_bytes
-
-
-def counted_rows(counts: Any) -> list[tuple[str, str]]:
-    """The four exact counts of a step, labelled (a MemoryBreakdown or an Estimate)."""
-    return [
-        ("parameters", format_bytes(counts.parameter_bytes)),
-        ("gradients", format_bytes(counts.gradient_bytes)),
-        ("optimizer state", format_bytes(counts.optimizer_state_bytes)),
-        ("saved activations (one micro-batch)", format_bytes(counts.activation_bytes)),
-    ]
+from workbench.core.report import Report, Table, counted_rows, format_bytes
 
 
 @dataclass(frozen=True, slots=True)
-class MemoryBreakdown:
+class MemoryBreakdown(Report):
     """Exact bytes of one training step, plus the measured peak.
 
     The first four are deterministic counts (nbval checks them); the peak is a
@@ -44,6 +34,8 @@ class MemoryBreakdown:
     def model_state_bytes(self) -> int:
         return self.parameter_bytes + self.gradient_bytes + self.optimizer_state_bytes
 
+    header = ("part", "bytes")
+
     def rows(self) -> list[tuple[str, str]]:
         return [
             *counted_rows(self),
@@ -53,10 +45,23 @@ class MemoryBreakdown:
 
 
 @dataclass(frozen=True, slots=True)
+class LoopDescription:
+    """What a hand-written loop under `wb.monitor` does, in the fields the results table shows
+    (a `wb.run` result holds its resolved RunConfig instead)."""
+
+    model: str
+    precision: str
+    batch_size: int | None
+    grad_accum_steps: int
+    activation_checkpointing: str
+    device: str
+
+
+@dataclass(frozen=True, slots=True)
 class RunResult:
     name: str
-    config: RunConfig
-    """The resolved config: every value the run used."""
+    config: RunConfig | LoopDescription
+    """The resolved config: every value the run used (a monitored hand-written loop: its description)."""
     status: str
     """'ok', 'failed', 'interrupted' or 'oom'."""
     message: str
@@ -74,6 +79,7 @@ class RunResult:
     """FLOPs of one optimizer step (forward + backward, all micro-batches), counted."""
     tflops_per_sec: float | None
     mfu: float | None
+    """Achieved over peak FLOP/s; None where there is no honest peak (peak_flops_source says why)."""
     peak_flops_source: str
     data_wait_fraction: float | None
     """Share of the timed steps spent waiting for the next batch."""
@@ -93,6 +99,8 @@ class RunResult:
     """fp16: the GradScaler's scale at each log step (loss_steps); empty otherwise."""
     skipped_steps: int = 0
     """fp16: optimizer steps the GradScaler skipped (inf/NaN gradients); counted every step."""
+    peak_flops: float | None = None
+    """The peak FLOP/s MFU is measured against (one process); None with the reason in peak_flops_source."""
 
     @property
     def final_loss(self) -> float | None:
@@ -168,7 +176,8 @@ def results_table(results: Sequence[RunResult]) -> Table:
     rows = []
     for r in results:
         c = r.config
-        row = [r.name, r.status, c.precision, f"{c.batch_size} x {c.grad_accum_steps}", c.activation_checkpointing]
+        batch = "?" if c.batch_size is None else c.batch_size
+        row = [r.name, r.status, c.precision, f"{batch} x {c.grad_accum_steps}", c.activation_checkpointing]
         for m in shown:
             value = metric(r, m)
             row.append(format_metric(m, value))

@@ -27,10 +27,16 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from workbench.core.report import Table, html_table
-from workbench.measure.probe import PeakReading, Probe, gradients, max_relative_difference, step_peak
 from workbench.core.models import loss_fn
+from workbench.core.report import Table
 from workbench.engine.accelerator import make_accelerator
+from workbench.measure.probe import (
+    PeakReading,
+    Probe,
+    gradients,
+    max_relative_difference,
+    step_peak,
+)
 
 __all__ = ["Rows", "accumulation_check", "window_peak", "padding_check", "padded_labels", "token_loss_sum",
            "effective_batch", "effective_batch_table"]
@@ -53,14 +59,14 @@ class Rows:
         raise KeyError(f"no row {row!r}; rows: {[r[0] for r in self.rows]}")
 
     def table(self) -> Table:
-        return Table(list(self.header), [[_fmt(v) for v in r] for r in self.rows])
+        """The rows formatted, under the title: Jupyter shows it as HTML, print() as text."""
+        return Table(list(self.header), [[_fmt(v) for v in r] for r in self.rows], caption=self.title)
 
     def _repr_html_(self) -> str:
-        t = self.table()
-        return html_table(t.rows, header=t.header, caption=self.title)
+        return self.table().to_html()
 
     def __str__(self) -> str:
-        return f"{self.title}\n{self.table()}"
+        return str(self.table())
 
     __repr__ = __str__
 

@@ -23,10 +23,10 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
-from workbench.techniques.accumulation import Rows, check_accum_steps
-from workbench.measure.probe import Probe, gradients, max_relative_difference
 from workbench.core.models import loss_fn
 from workbench.engine.accelerator import make_accelerator
+from workbench.measure.probe import Probe, gradients, max_relative_difference
+from workbench.techniques.accumulation import Rows, check_accum_steps
 
 __all__ = ["batchnorm_check", "lr_schedule_check", "partial_window_check", "stepping_check", "allreduce_check"]
 

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.core.precisions import DTYPES
+from workbench.core.report import html_table, text_table
 
 
 def _short(dtype: torch.dtype) -> str:
@@ -82,18 +83,10 @@ class PrecisionReport:
         ]
 
     def _repr_html_(self) -> str:
-        from workbench.core.report import html_table
-
         return "".join(html_table(rows, header=header, caption=caption) for caption, header, rows in self.tables())
 
     def __str__(self) -> str:
-        parts = []
-        for caption, header, rows in self.tables():
-            cells = [list(map(str, header)), *[list(map(str, r)) for r in rows]]
-            widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-            parts.append(caption + "\n" + "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
-                                                    for row in cells))
-        return "\n\n".join(parts)
+        return "\n\n".join(text_table(rows, header=header, caption=caption) for caption, header, rows in self.tables())
 
 
 def inspect_model(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, *, precision: str,
@@ -104,8 +97,8 @@ def inspect_model(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, 
     """
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from workbench.measure.counters import SavedActivationCounter
     from workbench.core.models import loss_fn
+    from workbench.measure.counters import SavedActivationCounter
 
     report = PrecisionReport(precision)
     ops: Counter[tuple[str, str]] = Counter()

@@ -29,14 +29,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint_sequential
 
-from workbench.views.compare import figure_html
-from workbench.core.report import html_table
+from workbench.core.models import GPT, loss_fn, set_activation_checkpointing
+from workbench.core.report import Results, format_bytes
 from workbench.core.saved import note_saved
 from workbench.measure.counters import SavedActivationCounter
-from workbench.core.models import GPT, set_activation_checkpointing
 from workbench.measure.probe import gradients, max_relative_difference, step_peak
-from workbench.core.report import format_bytes
-from workbench.core.models import loss_fn
 
 __all__ = ["Segments", "segment_blocks", "checkpoint_sequential_forward", "DialPoint", "Dial",
            "checkpointing_dial"]
@@ -135,25 +132,23 @@ class DialPoint:
     """Max relative difference of the gradients from the first setting's."""
 
 
-class Dial:
+class Dial(Results):
     """Dial points measured together; ratios are to the first point (normally 'none')."""
 
+    kind = "dial setting"
+    header = ["setting", "recomputed", "saved activations", "x none", "GFLOPs / step", "extra FLOPs",
+              "ms / step", "x none", "peak", "grad difference"]
+
     def __init__(self, points: Sequence[DialPoint], *, rounds: int) -> None:
-        self.points, self.rounds = list(points), rounds
-        self._figure = None
+        super().__init__(points)
+        self.rounds = rounds
+
+    @property
+    def points(self) -> list[DialPoint]:
+        return self.items
 
     def point(self, name: str) -> DialPoint:
-        for p in self.points:
-            if p.name == name:
-                return p
-        raise KeyError(f"no dial setting {name!r}; settings: {[p.name for p in self.points]}")
-
-    def ratio(self, metric: str, name: str) -> float:
-        """metric(name) / metric(first setting), e.g. ratio('saved_bytes', 'all')."""
-        num, den = getattr(self.point(name), metric), getattr(self.points[0], metric)
-        if num is None or not den:
-            raise ValueError(f"{metric} was not measured for {name!r} and {self.points[0].name!r}")
-        return num / den
+        return self.item(name)
 
     def rows(self) -> list[list[str]]:
         base = self.points[0]
@@ -166,51 +161,36 @@ class Dial:
                          f"{p.grad_difference:.1e}"])
         return rows
 
-    header = ["setting", "recomputed", "saved activations", "x none", "GFLOPs / step", "extra FLOPs",
-              "ms / step", "x none", "peak", "grad difference"]
+    def caption(self) -> str:
+        return (f"checkpointing dial: times are medians of {self.rounds} interleaved rounds; "
+                f"peak = {self.points[0].peak_kind}")
 
-    def _repr_html_(self) -> str:
-        caption = (f"checkpointing dial: times are medians of {self.rounds} interleaved rounds; "
-                   f"peak = {self.points[0].peak_kind}")
-        return (html_table(self.rows(), header=self.header, caption=caption)
-                + figure_html(self.figure))
-
-    def __str__(self) -> str:
-        lines = [self.header, *self.rows()]
-        widths = [max(len(r[i]) for r in lines) for i in range(len(self.header))]
-        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in lines)
-
-    __repr__ = __str__
-
-    @property
-    def figure(self):
+    def make_figure(self):
         """Memory against extra time (measured) and against extra FLOPs (exact)."""
-        if self._figure is None:
-            from matplotlib.figure import Figure
+        from matplotlib.figure import Figure
 
-            fig = Figure(figsize=(11, 3.6))
-            ax_time, ax_flops = fig.subplots(1, 2, sharey=True)
-            base = self.points[0]
-            mib = 2**-20
-            for ax, xs, label in (
-                (ax_time, [100 * (p.step_time_s / base.step_time_s - 1) for p in self.points], "extra time per step (%), measured"),
-                (ax_flops, [100 * (p.flops / base.flops - 1) for p in self.points], "extra FLOPs per step (%), exact"),
-            ):
-                ax.plot(xs, [p.saved_bytes * mib for p in self.points], "o", label="saved activations")
-                if all(p.peak_bytes is not None for p in self.points):
-                    ax.plot(xs, [p.peak_bytes * mib for p in self.points], "s", mfc="none",
-                            label=f"peak ({base.peak_kind})")
-                for i, (x, p) in enumerate(zip(xs, self.points)):  # alternate up/down: neighbours overlap
-                    ax.annotate(p.name, (x, p.saved_bytes * mib), textcoords="offset points",
-                                xytext=(4, 5 if i % 2 == 0 else -12), fontsize=8)
-                ax.set_xlabel(label)
-                ax.grid(alpha=0.3)
-            ax_time.set_ylabel("MiB")
-            ax_time.legend(fontsize=8)
-            fig.suptitle("activation checkpointing: memory against compute")
-            fig.tight_layout()
-            self._figure = fig
-        return self._figure
+        fig = Figure(figsize=(11, 3.6))
+        ax_time, ax_flops = fig.subplots(1, 2, sharey=True)
+        base = self.points[0]
+        mib = 2**-20
+        for ax, xs, label in (
+            (ax_time, [100 * (p.step_time_s / base.step_time_s - 1) for p in self.points], "extra time per step (%), measured"),
+            (ax_flops, [100 * (p.flops / base.flops - 1) for p in self.points], "extra FLOPs per step (%), exact"),
+        ):
+            ax.plot(xs, [p.saved_bytes * mib for p in self.points], "o", label="saved activations")
+            if all(p.peak_bytes is not None for p in self.points):
+                ax.plot(xs, [p.peak_bytes * mib for p in self.points], "s", mfc="none",
+                        label=f"peak ({base.peak_kind})")
+            for i, (x, p) in enumerate(zip(xs, self.points)):  # alternate up/down: neighbours overlap
+                ax.annotate(p.name, (x, p.saved_bytes * mib), textcoords="offset points",
+                            xytext=(4, 5 if i % 2 == 0 else -12), fontsize=8)
+            ax.set_xlabel(label)
+            ax.grid(alpha=0.3)
+        ax_time.set_ylabel("MiB")
+        ax_time.legend(fontsize=8)
+        fig.suptitle("activation checkpointing: memory against compute")
+        fig.tight_layout()
+        return fig
 
 
 def _sync(device: torch.device) -> None:

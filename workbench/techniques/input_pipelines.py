@@ -19,7 +19,15 @@ import numpy as np
 import torch
 
 from workbench.core.data.files import (  # noqa: F401  (the notebook's names, in one place)
-    CROP, FORMATS, RESIZE, ImageFileDataset, ImageFiles, SampleError, augment, mnist_image_files, prepare_image,
+    CROP,
+    FORMATS,
+    RESIZE,
+    ImageFileDataset,
+    ImageFiles,
+    SampleError,
+    augment,
+    mnist_image_files,
+    prepare_image,
     write_image_files,
 )
 

@@ -24,7 +24,12 @@ import torch
 from torch import nn
 
 from workbench.core.precisions import ACCELERATE_NAMES, scaler_kwargs
-from workbench.engine.accelerator import enable_fp16_on_cpu, kwargs_handlers, plain_accelerator, reset_accelerate_state
+from workbench.engine.accelerator import (
+    enable_fp16_on_cpu,
+    kwargs_handlers,
+    plain_accelerator,
+    reset_accelerate_state,
+)
 
 
 def accelerate_setup(precision: str, *, device: str = "auto") -> list[tuple[str, str, str]]:

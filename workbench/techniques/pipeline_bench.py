@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from workbench.core.report import Report, figure_html
 from workbench.techniques.input_pipelines import release_on_error
 
 # Samples the loader-only timings read, per preset: enough for steady epochs, CI-sized.
@@ -81,8 +82,10 @@ class EpochTiming:
         return self.samples / self.seconds
 
 
-class LoaderTimings(list):
+class LoaderTimings(Report, list):
     """EpochTimings of several loaders; a table in Jupyter."""
+
+    header = ("loader", "epoch", "first batch (ms)", "epoch (s)", "samples/s")
 
     def of(self, loader: str) -> list[EpochTiming]:
         return [t for t in self if t.loader == loader]
@@ -96,13 +99,6 @@ class LoaderTimings(list):
         return [(t.loader, t.epoch, f"{t.first_batch_s * 1e3:.0f}", f"{t.seconds:.3f}", f"{t.samples_per_sec:,.0f}")
                 for t in self]
 
-    def _repr_html_(self) -> str:
-        from workbench.core.report import html_table
-
-        return html_table(self.rows(), header=["loader", "epoch", "first batch (ms)", "epoch (s)", "samples/s"])
-
-    def __repr__(self) -> str:
-        return "\n".join("  ".join(map(str, row)) for row in self.rows())
 
 
 def time_epochs(loaders: Mapping[str, Iterable], *, epochs: int) -> LoaderTimings:
@@ -167,9 +163,12 @@ def step_split(result: Any) -> tuple[float, float]:
     return wait, result.step_time_s - wait
 
 
-class SweepView:
+class SweepView(Report):
     """The sweep as a table and a figure: per-sample time split into data wait and compute,
     and samples/s against the compute-bound ceiling (the same step on pre-loaded tensors)."""
+
+    header = ("run", "workers", "prefetch", "batch", "data wait (ms/step)", "compute (ms/step)",
+              "waiting", "samples/s", "x first")
 
     def __init__(self, results: Sequence[Any], ceiling: Any) -> None:
         self.results, self.ceiling = list(results), ceiling
@@ -206,13 +205,5 @@ class SweepView:
         right.legend(loc="upper right", fontsize=8)
         return fig
 
-    def _repr_html_(self) -> str:
-        from workbench.views.compare import figure_html
-        from workbench.core.report import html_table
-
-        header = ["run", "workers", "prefetch", "batch", "data wait (ms/step)", "compute (ms/step)",
-                  "waiting", "samples/s", "x first"]
-        return html_table(self.rows(), header=header) + figure_html(self.figure(), tight=False)
-
-    def __repr__(self) -> str:
-        return "\n".join("  ".join(map(str, row)) for row in self.rows())
+    def extra_html(self) -> str:
+        return figure_html(self.figure(), tight=False)

@@ -24,9 +24,9 @@ from typing import Any
 
 from workbench.core.config import RunConfig
 from workbench.core.data import train_size
+from workbench.core.report import Report, figure_html, format_bytes
 from workbench.measure.estimate import estimate
 from workbench.techniques.planning import Plan, Target
-from workbench.core.report import format_bytes
 
 __all__ = ["max_micro_batch", "search_micro_batch", "Verification", "verify", "Arm", "Scorecard"]
 
@@ -34,13 +34,15 @@ __all__ = ["max_micro_batch", "search_micro_batch", "Verification", "verify", "A
 def max_micro_batch(config: RunConfig, *, target: Target, vocab_size: int | None = None) -> int:
     """The largest micro-batch whose predicted memory fits `target` (0 if none does).
 
-    Memory is affine in the micro-batch (estimated at 1 and 2 samples), so this solves
-    for it, then checks the answer with one more estimate.
+    The exact counts are affine in the micro-batch, so a line through 1 and 2 samples
+    solves for them; the peak is a maximum of such lines (convex), so the line overshoots
+    it at most, and a bisection below the solution finds the answer.
     """
     base = dataclasses.replace(config.resolved(), epochs=None)
 
     def at(batch: int) -> int:
-        return target.memory_of(estimate(dataclasses.replace(base, batch_size=batch), vocab_size=vocab_size))
+        return target.memory_of(estimate(dataclasses.replace(base, batch_size=batch), vocab_size=vocab_size,
+                                         device=target.device))
 
     one, two = at(1), at(2)
     if one > target.usable_bytes:
@@ -48,9 +50,13 @@ def max_micro_batch(config: RunConfig, *, target: Target, vocab_size: int | None
     per_sample = max(1, two - one)
     b = 1 + (target.usable_bytes - one) // per_sample
     b = min(b, train_size(base.data, base.seq_len) or b)
-    while b > 1 and at(b) > target.usable_bytes:  # the affine fit is exact for counts; be safe
-        b -= 1
-    return int(b)
+    if at(b) <= target.usable_bytes:
+        return int(b)
+    fits, over = 1, b  # at(fits) fits, at(over) does not
+    while over - fits > 1:
+        mid = (fits + over) // 2
+        fits, over = (mid, over) if at(mid) <= target.usable_bytes else (fits, mid)
+    return int(fits)
 
 
 def search_micro_batch(config: RunConfig, *, start: int, reduce: Callable[[int], int] | None = None,
@@ -89,10 +95,11 @@ def search_micro_batch(config: RunConfig, *, start: int, reduce: Callable[[int],
     return attempt(), tries
 
 
-@dataclass(frozen=True)
-class Verification:
+@dataclass(frozen=True, repr=False)
+class Verification(Report):
     """A plan's prediction next to what its run measured."""
 
+    header = ("part", "predicted", "measured", "measured / predicted")
     plan: Plan
     result: Any
     """The RunResult."""
@@ -112,8 +119,8 @@ class Verification:
             rows.append(("peak (CUDA max_memory_allocated)", format_bytes(est.peak_bytes), format_bytes(m.peak_bytes),
                          f"{m.peak_bytes / est.peak_bytes:.3f}"))
         else:
-            rows.append(("peak", format_bytes(est.peak_bytes), "not measurable on CPU (VmHWM holds the interpreter)",
-                         "n/a"))
+            rows.append(("peak", format_bytes(est.peak_bytes), "not read in a timed CPU run (peakcheck.check_peak "
+                         "tracks live tensors)", "n/a"))
         return rows
 
     @property
@@ -123,18 +130,8 @@ class Verification:
             return None
         return m.parameter_bytes + m.gradient_bytes + m.optimizer_state_bytes + m.activation_bytes
 
-    def _repr_html_(self) -> str:
-        from workbench.core.report import html_table
-
-        return html_table(self.rows(), header=["part", "predicted", "measured", "measured / predicted"],
-                          caption=f"{self.plan.label}: run status {self.result.status}")
-
-    def __str__(self) -> str:
-        from workbench.core.report import Table
-
-        return str(Table(["part", "predicted", "measured", "ratio"], [list(r) for r in self.rows()]))
-
-    __repr__ = __str__
+    def caption(self) -> str:
+        return f"{self.plan.label}: run status {self.result.status}"
 
 
 def verify(chosen: Plan, *, name: str | None = None, **run_kwargs: Any) -> Verification:
@@ -161,7 +158,7 @@ class Arm:
     """From search_micro_batch (real runs); None if not searched."""
 
 
-class Scorecard:
+class Scorecard(Report):
     """Seed 000's before/after table, measured: largest micro-batch, memory, time, accuracy.
 
     Memory is the exact count of a step (what the simulated budget holds), time the measured
@@ -188,40 +185,33 @@ class Scorecard:
                          accuracy])
         return rows
 
+    def make_figure(self):
+        from matplotlib.figure import Figure  # no pyplot: no global figure state
+
+        fig = Figure(figsize=(13, 3))
+        axes = fig.subplots(1, 4)
+        names = [a.name for a in self.arms]
+        colors = [f"C{i}" for i in range(len(names))]
+        bars = [("largest micro-batch (found)", [a.max_micro_batch_found or 0 for a in self.arms]),
+                ("memory of a step (MiB, exact)", [a.estimate.counted_bytes / 2**20 for a in self.arms]),
+                ("ms per sample", [1e3 / a.result.samples_per_sec if a.result.samples_per_sec else 0
+                                   for a in self.arms]),
+                ("held-out accuracy", [a.result.accuracy or 0 for a in self.arms])]
+        for ax, (title, values) in zip(axes, bars):
+            ax.bar(range(len(names)), values, color=colors)
+            ax.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=8)
+            ax.set_title(title, fontsize=9)
+        if self.budget_bytes:
+            axes[1].axhline(self.budget_bytes / 2**20, color="k", linestyle="--", label="budget")
+            axes[1].legend(fontsize=8)
+        fig.tight_layout()
+        return fig
+
     @property
     def figure(self):
         if self._figure is None:
-            from matplotlib.figure import Figure  # no pyplot: no global figure state
-
-            fig = Figure(figsize=(13, 3))
-            axes = fig.subplots(1, 4)
-            names = [a.name for a in self.arms]
-            colors = [f"C{i}" for i in range(len(names))]
-            bars = [("largest micro-batch (found)", [a.max_micro_batch_found or 0 for a in self.arms]),
-                    ("memory of a step (MiB, exact)", [a.estimate.counted_bytes / 2**20 for a in self.arms]),
-                    ("ms per sample", [1e3 / a.result.samples_per_sec if a.result.samples_per_sec else 0
-                                       for a in self.arms]),
-                    ("held-out accuracy", [a.result.accuracy or 0 for a in self.arms])]
-            for ax, (title, values) in zip(axes, bars):
-                ax.bar(range(len(names)), values, color=colors)
-                ax.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=8)
-                ax.set_title(title, fontsize=9)
-            if self.budget_bytes:
-                axes[1].axhline(self.budget_bytes / 2**20, color="k", linestyle="--", label="budget")
-                axes[1].legend(fontsize=8)
-            fig.tight_layout()
-            self._figure = fig
+            self._figure = self.make_figure()
         return self._figure
 
-    def _repr_html_(self) -> str:
-        from workbench.views.compare import figure_html
-        from workbench.core.report import html_table
-
-        return html_table(self.rows(), header=self.header) + figure_html(self.figure)
-
-    def __str__(self) -> str:
-        from workbench.core.report import Table
-
-        return str(Table(self.header, self.rows()))
-
-    __repr__ = __str__
+    def extra_html(self) -> str:
+        return figure_html(self.figure)

@@ -31,9 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.core.report import Table, html_table
-from workbench.views.compare import figure_html
-from workbench.core.report import format_bytes
+from workbench.core.report import Results, Table, format_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,65 +205,50 @@ def measure(model: nn.Module, data: Any, *, name: str, baseline: QuantResult | N
     )
 
 
-class QuantComparison:
+class QuantComparison(Results):
     """Quantized variants side by side; ratios against the first. Example:
 
         >>> cmp = compare_quantized([fp32, int8])         # doctest: +SKIP
         >>> cmp.ratio("latency_s", "int8")  # int8 time over fp32 time  # doctest: +SKIP
     """
 
-    def __init__(self, results: Sequence[QuantResult]) -> None:
-        if not results:
-            raise ValueError("compare_quantized() needs at least one QuantResult; pass [baseline, variant, ...]")
-        names = [r.name for r in results]
-        if len(set(names)) != len(names):
-            raise ValueError(f"variant names must differ to compare them, got {names}; pass name= to measure()")
-        self.results = list(results)
-        self._figure = None
+    kind = "variant"
+    empty_message = "compare_quantized() needs at least one QuantResult"
+    name_hint = "pass name= to measure()"
+    header = ["variant", "device", "size on disk", "x smaller", "Linear weights", "ms / batch",
+              "x faster", "accuracy", "change (points)", "agrees with first", "note"]
+
+    @property
+    def results(self) -> list[QuantResult]:
+        return self.items
 
     def result(self, name: str) -> QuantResult:
-        for r in self.results:
-            if r.name == name:
-                return r
-        raise KeyError(f"no variant named {name!r}; variants: {[r.name for r in self.results]}")
+        return self.item(name)
 
-    def ratio(self, metric: str, name: str, *, to: str | None = None) -> float:
-        """metric(name) / metric(to, default the first variant)."""
-        base = self.result(to) if to else self.results[0]
-        return getattr(self.result(name), metric) / getattr(base, metric)
+    def rows(self) -> list[list[str]]:
+        base = self.results[0]
+        return [[
+            r.name, r.device, format_bytes(r.size_bytes), f"{base.size_bytes / r.size_bytes:.2f}",
+            format_bytes(r.linear_weight_bytes), f"{r.latency_s * 1e3:.1f}",
+            f"{base.latency_s / r.latency_s:.2f}", f"{r.accuracy:.3f}",
+            f"{(r.accuracy - base.accuracy) * 100:+.1f}",
+            "-" if r.agreement is None else f"{r.agreement:.1%}", r.note,
+        ] for r in self.results]
 
     @property
     def table(self) -> Table:
-        base = self.results[0]
-        header = ["variant", "device", "size on disk", "x smaller", "Linear weights", "ms / batch",
-                  "x faster", "accuracy", "change (points)", "agrees with first", "note"]
-        rows = []
-        for r in self.results:
-            rows.append([
-                r.name, r.device, format_bytes(r.size_bytes), f"{base.size_bytes / r.size_bytes:.2f}",
-                format_bytes(r.linear_weight_bytes), f"{r.latency_s * 1e3:.1f}",
-                f"{base.latency_s / r.latency_s:.2f}", f"{r.accuracy:.3f}",
-                f"{(r.accuracy - base.accuracy) * 100:+.1f}",
-                "-" if r.agreement is None else f"{r.agreement:.1%}", r.note,
-            ])
-        return Table(header, rows)
+        return Table(list(self.header), self.rows())
 
-    @property
-    def figure(self):
-        if self._figure is None:
-            self._figure = quant_figure(self.results)
-        return self._figure
-
-    def _repr_html_(self) -> str:
+    def caption(self) -> str:
         r = self.results[0]
-        caption = (f"{r.samples} held-out examples; latency: median of {len(r.latency_times_s)} batches "
-                   f"of {r.batch_size}, {r.threads} thread(s), warm-up excluded")
-        return html_table(self.table.rows, header=self.table.header, caption=caption) + figure_html(self.figure)
+        return (f"{r.samples} held-out examples; latency: median of {len(r.latency_times_s)} batches "
+                f"of {r.batch_size}, {r.threads} thread(s), warm-up excluded")
+
+    def make_figure(self):
+        return quant_figure(self.results)
 
     def __str__(self) -> str:
         return str(self.table)
-
-    __repr__ = __str__
 
 
 def quant_figure(results: Sequence[QuantResult]):

@@ -28,24 +28,23 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import importlib
-import importlib.metadata
-import importlib.util
-import logging
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import nn
 
 from workbench.core.torchao_support import (
-    TORCHAO_INSTALL_HINT, config_by_name, first_line, import_torchao, intx_config, linear_layers, quiet_torchao_logs,
-    require_linear, torchao_available, torchao_version,
+    config_by_name,
+    first_line,
+    import_torchao,
+    intx_config,
+    quiet_torchao_logs,
+    require_linear,
+    torchao_version,
 )
-from workbench.engine.qat import prepare_qat
 
 BACKENDS = ("torchao", "torch.ao")
 

@@ -8,66 +8,47 @@ compare noisy timings.
 
 from __future__ import annotations
 
-import base64
-import io
 from collections.abc import Sequence
-from typing import Any
 
+from workbench.core.report import Results
 from workbench.measure.result import RunResult, metric, results_table
 
 
-def figure_html(figure, *, tight: bool = True) -> str:
-    """A matplotlib figure as an inline <img>: a saved notebook shows it on the web."""
-    buf = io.BytesIO()
-    figure.savefig(buf, format="png", dpi=90, bbox_inches="tight" if tight else None)
-    return f"<img src='data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}'/>"
-
-
-class Comparison:
-    """Several results measured together. Example:
+class Comparison(Results):
+    """Several runs measured together, the first the baseline. Example:
 
         >>> cmp = compare([baseline, bf16])      # doctest: +SKIP
         >>> cmp.ratio("activation_bytes", "bf16")  # bf16 over baseline  # doctest: +SKIP
         0.5
     """
 
+    kind = "run"
+    empty_message = "compare() needs at least one RunResult"
+    name_hint = "pass name= to run()"
+
     def __init__(self, results: Sequence[RunResult]) -> None:
-        if not results:
-            raise ValueError("compare() needs at least one RunResult; pass [baseline, other, ...]")
-        names = [r.name for r in results]
-        if len(set(names)) != len(names):
-            raise ValueError(f"run names must differ to compare them, got {names}; pass name= to run()")
-        self.results = list(results)
-        self.table = results_table(self.results)
-        self._figure = None
-
-    def result(self, name: str) -> RunResult:
-        for r in self.results:
-            if r.name == name:
-                return r
-        raise KeyError(f"no run named {name!r}; runs: {[r.name for r in self.results]}")
-
-    def ratio(self, name_of_metric: str, run: str, *, to: str | None = None) -> float:
-        """metric(run) / metric(to, default the first run)."""
-        base = self.result(to) if to else self.results[0]
-        num, den = metric(self.result(run), name_of_metric), metric(base, name_of_metric)
-        if num is None or not den:
-            raise ValueError(f"{name_of_metric} was not measured for {run!r} and {base.name!r}")
-        return num / den
+        super().__init__(results)
+        self.table = results_table(self.items)
 
     @property
-    def figure(self):
-        if self._figure is None:
-            self._figure = comparison_figure(self.results)
-        return self._figure
+    def results(self) -> list[RunResult]:
+        return self.items
 
-    def _repr_html_(self) -> str:
-        return self.table.to_html() + figure_html(self.figure)
+    def result(self, name: str) -> RunResult:
+        return self.item(name)
 
-    def __str__(self) -> str:
-        return str(self.table)
+    def value(self, item: RunResult, name_of_metric: str) -> float | None:
+        return metric(item, name_of_metric)
 
-    __repr__ = __str__
+    @property
+    def header(self) -> list[str]:  # type: ignore[override]
+        return self.table.header
+
+    def rows(self) -> list[list[str]]:
+        return self.table.rows
+
+    def make_figure(self):
+        return comparison_figure(self.items)
 
 
 def comparison_figure(results: Sequence[RunResult]):

@@ -22,9 +22,7 @@ import io
 import os
 import shutil
 import tempfile
-import time
-import traceback
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any

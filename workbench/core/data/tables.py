@@ -19,7 +19,15 @@ import numpy as np
 
 from workbench.core.data import sources
 from workbench.core.data.catalog import (
-    DATASETS, DIGITS_MEAN, DIGITS_STD, MNIST_MEAN, MNIST_STD, DataBundle, TensorDictDataset, _lm_sizes, minilm_dir,
+    DATASETS,
+    DIGITS_MEAN,
+    DIGITS_STD,
+    MNIST_MEAN,
+    MNIST_STD,
+    DataBundle,
+    TensorDictDataset,
+    _lm_sizes,
+    minilm_dir,
 )
 from workbench.core.data.sources import SPLIT_SEED
 
