@@ -71,6 +71,11 @@ class Estimate(Report):
     """One optimizer step: every micro-batch's forward and backward (and recompute)."""
     vocab_size: int | None = None
     method: str = ""
+    trainable_parameter_count: int | None = None
+    """Parameters that train (freezing and LoRA leave the rest without gradient and optimizer state)."""
+    processes: int = 1
+    """Processes the model state is sharded over (sharding='full'); the model-state bytes are
+    then one process's share (rank 0's, the largest)."""
 
     @property
     def model_state_bytes(self) -> int:
@@ -102,8 +107,13 @@ class Estimate(Report):
 
     def caption(self) -> str:
         c = self.config
+        fewer = ""  # notebook 09's switches, when used
+        if self.trainable_parameter_count is not None and self.trainable_parameter_count != self.parameter_count:
+            fewer += f", {self.trainable_parameter_count:,} of them trained"
+        if self.processes > 1:
+            fewer += f", model state: one of {self.processes} processes' shares"
         return (f"{c.model} {self.parameter_count / 1e6:,.1f}M params, {c.precision}, micro-batch "
-                f"{c.batch_size} x {c.grad_accum_steps}, checkpointing {c.activation_checkpointing}")
+                f"{c.batch_size} x {c.grad_accum_steps}, checkpointing {c.activation_checkpointing}{fewer}")
 
 
 def input_spec(config: RunConfig, *, vocab_size: int | None = None) -> SimpleNamespace:
@@ -156,27 +166,69 @@ def _build(model_name: str, spec_key: tuple, dims: tuple) -> nn.Module:
     return build_model(model_name, data=spec, dims=dict(dims))
 
 
+# RunConfig fields that choose what trains (notebook 09), in this order in the cache keys.
+_TRAINABLE_FIELDS = ("freeze", "freeze_layers", "lora_rank", "lora_targets", "lora_alpha")
+_ALL_TRAIN = ("none", 0, 0, "attention", None)
+
+
 @functools.lru_cache(maxsize=64)
-def _model_state(model_name: str, spec_key: tuple, dims: tuple, optimizer: str) -> tuple[int, int, int, int, int]:
-    """(parameter count, parameter, buffer, gradient, optimizer-state bytes) of the full model."""
+def _model_state(model_name: str, spec_key: tuple, dims: tuple, optimizer: str, trainable: tuple = _ALL_TRAIN,
+                 shard: tuple[int, int] = (1, 0)) -> tuple[int, int, int, int, int, int]:
+    """(parameter count, parameter, buffer, gradient, optimizer-state bytes, trainable count):
+    the whole model, with `trainable` (the _TRAINABLE_FIELDS values) applied; with `shard`
+    = (processes, rank), the bytes that rank holds when the model state is sharded."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
     from workbench.core.optim import make_optimizer
+    from workbench.core.trainable import freeze_parts, lora_shapes
     from workbench.measure.counters import (
         gradient_bytes,
         optimizer_state_bytes,
         parameter_bytes,
+        shard_rows,
     )
 
+    choice = SimpleNamespace(**dict(zip(_TRAINABLE_FIELDS, trainable)))
+    if optimizer == "adamw8bit":
+        # Its 256-entry lookup tables are built from Python lists, which fake tensors cannot
+        # be: build them (torchao caches them) before entering the fake mode.
+        from workbench.core.torchao_support import import_torchao
+
+        tables = import_torchao("torchao.optim.subclass_8bit")
+        tables.get_qmap_signed(), tables.get_qmap_unsigned()
     with _fake_mode():
         model = _build(model_name, spec_key, dims)
-        for p in model.parameters():  # what a backward would leave: one gradient per parameter
-            p.grad = torch.zeros_like(p)
+        params = list(model.parameters())
+        if choice.lora_rank:
+            # peft cannot wrap fake tensors (its .to() swaps them): every weight frozen, plus
+            # LoRA's A and B matrices of exactly the shapes peft adds (trainable.lora_shapes).
+            model.requires_grad_(False)
+            params += [nn.Parameter(torch.zeros(shape)) for shape in
+                       lora_shapes(model, rank=choice.lora_rank, targets=choice.lora_targets)]
+        else:
+            freeze_parts(model, choice.freeze, first_layers=choice.freeze_layers)
+        count = sum(p.numel() for p in params)  # LoRA's adapters included, as run() counts them
+        trainable_count = sum(p.numel() for p in params if p.requires_grad)
+        processes, rank = shard
+        if processes > 1:  # one process's shard of every parameter (FSDP2: rows ceil(d/N) per rank)
+            params = [nn.Parameter(p.new_zeros(shard_rows(p.shape[0], processes, rank), *p.shape[1:]), p.requires_grad)
+                      for p in params]
+        held = nn.ParameterList(params)
+        for p in held:  # what a backward would leave: one gradient per trainable parameter
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
         # The optimizer creates its state lazily, at its first step: take one, on fake tensors.
-        opt = make_optimizer(model, RunConfig(model=model_name, optimizer=optimizer).resolved())
-        opt.step()
-        count = sum(p.numel() for p in model.parameters())
+        opt = make_optimizer(held, RunConfig(model=model_name, optimizer=optimizer).resolved())
+        try:
+            opt.step()
+        except DataDependentOutputException:
+            # Adafactor reads a norm with .item(), which a fake tensor cannot answer; it has made
+            # every parameter's state by then (counted only if so).
+            if len(opt.state) < sum(p.requires_grad for p in held):
+                raise
         buffers = sum(b.numel() * b.element_size() for b in model.buffers())
-        return (count, parameter_bytes(model), buffers, gradient_bytes(model, expected=True),
-                optimizer_state_bytes(opt))
+        return (count, parameter_bytes(held), buffers, gradient_bytes(held, expected=True),
+                optimizer_state_bytes(opt), trainable_count)
 
 
 @functools.lru_cache(maxsize=256)
@@ -245,13 +297,19 @@ def _per_micro_batch(cfg: RunConfig, spec_key: tuple, batch: int) -> tuple[int, 
     return totals[0], totals[1], temp, f"1 layer of {n_layer} on fake tensors, scaled"
 
 
-def estimate(config: RunConfig, *, vocab_size: int | None = None) -> Estimate:
+def estimate(config: RunConfig, *, vocab_size: int | None = None, processes: int = 1) -> Estimate:
     """Predict the memory and FLOPs of one training step of `config`, allocating nothing.
 
     Args:
         config: the run (model, dims, micro-batch, seq_len, precision, optimizer,
-            accumulation, checkpointing). Models: 'mlp', 'cnn', 'gpt'.
+            accumulation, checkpointing, freezing / LoRA, sharding). Models: 'mlp', 'cnn', 'gpt'.
+            Freezing and LoRA change the parameter, gradient and optimizer-state bytes exactly;
+            the saved activations and FLOPs are still full training's (frozen layers need no
+            weight gradients and frozen first layers save nothing, so less; LoRA adds rank x
+            tokens values per adapted layer, a little more).
         vocab_size: GPT only, to size a model whose vocabulary is not the byte data's 256.
+        processes: the processes a sharding='full' config runs on; its model-state bytes
+            are then rank 0's share, exactly.
 
     Example:
         >>> est = estimate(RunConfig(model="mlp", batch_size=64, preset="cpu-quick"))
@@ -259,8 +317,15 @@ def estimate(config: RunConfig, *, vocab_size: int | None = None) -> Estimate:
         334852
     """
     cfg = config.resolved()
+    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
+        raise ValueError(f"processes={processes!r} must be a whole number >= 1; pass e.g. processes=2")
+    if cfg.sharding != "none" and processes < 2:
+        raise ValueError(f"sharding={cfg.sharding!r} splits the model state across processes; pass processes=2 or more")
     spec_key = _spec_key(input_spec(cfg, vocab_size=vocab_size))
-    count, params, buffers, grads, opt = _model_state(cfg.model, spec_key, _freeze(cfg.dims), cfg.optimizer)
+    trainable = tuple(getattr(cfg, name) for name in _TRAINABLE_FIELDS)
+    shard = (processes, 0) if cfg.sharding != "none" else (1, 0)
+    count, params, buffers, grads, opt, trained = _model_state(cfg.model, spec_key, _freeze(cfg.dims), cfg.optimizer,
+                                                               trainable, shard)
     # Saved activations and FLOPs are affine in the micro-batch: measure at 1 and 2.
     one, two = (_per_micro_batch(cfg, spec_key, b) for b in (1, 2))
     b = cfg.batch_size
@@ -270,6 +335,7 @@ def estimate(config: RunConfig, *, vocab_size: int | None = None) -> Estimate:
         gradient_bytes=grads, optimizer_state_bytes=opt, activation_bytes=at_b[0],
         temporary_bytes=max(0, at_b[2]), flops_per_step=at_b[1] * cfg.grad_accum_steps,
         vocab_size=spec_key[3], method=f"{one[3]}; micro-batches 1 and 2, scaled to {b}",
+        trainable_parameter_count=trained, processes=shard[0],
     )
 
 
