@@ -6,9 +6,9 @@ buffer) while it is active:
 - torch.distributed's Python collectives (what FSDP2's `fully_shard` calls: all-gather
   before each forward and backward of a group, reduce-scatter of its gradients), by
   wrapping them for the duration of the block;
-- DistributedDataParallel's bucketed all-reduce, which runs in C++, through a
-  communication hook (`counter.watch_ddp(ddp_model)`) that counts each bucket and then
-  all-reduces it exactly as DDP's default does.
+- DistributedDataParallel's bucketed all-reduce, which runs in C++, once
+  `CollectiveCounter.watch_ddp(ddp_model)` has routed it through Python (torch's own
+  default communication hook: the same all-reduce of the same buckets).
 
 How many bytes cross the wire per process follows from these: a ring all-gather or
 reduce-scatter of B bytes sends (N-1)/N x B from each process, an all-reduce twice that
@@ -92,16 +92,16 @@ class CollectiveCounter:
             setattr(dist, name, fn)
         self._saved.clear()
 
-    def watch_ddp(self, model: Any) -> None:
-        """Count a DistributedDataParallel model's gradient all-reduces (its buckets), for as
-        long as the model lives; the all-reduce itself is DDP's default one."""
+    @staticmethod
+    def watch_ddp(model: Any) -> None:
+        """Make a DistributedDataParallel model's gradient all-reduce visible to the counter.
+
+        DDP's reducer all-reduces its buckets from C++, where no Python wrapper sees it. This
+        registers torch's own default hook in Python (`allreduce_hook`: divide by the world
+        size, all-reduce, the same arithmetic), which calls `dist.all_reduce` per bucket."""
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-        def counting_hook(state: Any, bucket: Any) -> Any:
-            self.add("all_reduce", _nbytes(bucket.buffer()))
-            return allreduce_hook(state, bucket)
-
-        model.register_comm_hook(None, counting_hook)
+        model.register_comm_hook(None, allreduce_hook)
 
     @property
     def total_bytes(self) -> int:
