@@ -130,6 +130,12 @@ class Plan:
                 f", {c.optimizer}{_fewer_bytes_label(c, self.estimate.processes)}")
 
 
+def _trade_offs(c: RunConfig, base: RunConfig) -> int:
+    """How many of notebook 09's memory levers a plan pulls beyond the baseline's."""
+    return sum((c.optimizer != base.optimizer, (c.freeze, c.freeze_layers, c.lora_rank) !=
+                (base.freeze, base.freeze_layers, base.lora_rank), c.sharding != base.sharding))
+
+
 def _fewer_bytes_label(c: RunConfig, processes: int) -> str:
     """What a plan trains and where its model state lives, when not the default (notebook 09)."""
     parts = []
@@ -274,9 +280,11 @@ def plan(config: RunConfig, *, target: Target, effective_batch: int | None = Non
         plans.append(Plan(cfg, est, fits, memory, est.flops_per_step / target.peak_flops[precision],
                           _cost(cfg, est, base_cfg, base_est), _why(target, est, memory, fits)))
     # Fitting plans first, fastest first; ties (same FLOPs, same peak) to fewer micro-batches,
-    # then to less memory. Plans that do not fit follow, smallest first.
+    # then to fewer changes of what trains and where the state lives (notebook 09's switches:
+    # each trades accuracy or communication for memory), then to less memory. Plans that do
+    # not fit follow, smallest first.
     plans.sort(key=lambda p: (not p.fits, p.step_time_s if p.fits else p.memory_bytes,
-                              p.config.grad_accum_steps, p.memory_bytes))
+                              p.config.grad_accum_steps, _trade_offs(p.config, base), p.memory_bytes))
     return Plans(plans, target=target, baseline=baseline, effective_batch=eff)
 
 
