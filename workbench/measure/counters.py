@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
 from workbench.core.saved import listening
 
@@ -32,6 +32,8 @@ __all__ = [
     "parameter_bytes",
     "gradient_bytes",
     "optimizer_state_bytes",
+    "shard_rows",
+    "sharded_bytes",
     "SavedActivationCounter",
     "FlopCounter",
     "count_flops",
@@ -53,37 +55,82 @@ def _storage_bytes(t: torch.Tensor) -> int:
     return t.untyped_storage().nbytes()
 
 
+def _held(t: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors that hold `t`'s data in this process: `t` itself, or a wrapper
+    subclass's inner tensors. A DTensor (a parameter sharded by FSDP) holds only its local
+    shard, though `numel()` reports the whole; torchao's 8-bit optimizer state reports
+    float32 but holds uint8 codes, a float32 scale per block and a 256-entry lookup table."""
+    if not is_traceable_wrapper_subclass(t):
+        return [t]
+    names, _ = t.__tensor_flatten__()
+    inner = (getattr(t, name) for name in names)  # a DTensor also lists its device mesh
+    return [leaf for x in inner if isinstance(x, torch.Tensor) for leaf in _held(x)]
+
+
+def _held_bytes(t: torch.Tensor) -> int:
+    return sum(leaf.numel() * leaf.element_size() for leaf in _held(t))
+
+
 def parameter_bytes(model: nn.Module) -> int:
-    """Bytes held by the model's parameters (tied parameters counted once; buffers not)."""
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    """Bytes this process holds for the model's parameters (tied parameters counted once;
+    buffers not; a sharded parameter: its local shard)."""
+    return sum(_held_bytes(p) for p in model.parameters())
 
 
 def gradient_bytes(model: nn.Module, *, expected: bool = False) -> int:
-    """Bytes of the parameters' gradients.
+    """Bytes of the parameters' gradients (a sharded parameter's: its local shard).
 
     By default counts the `.grad` tensors that exist now (0 before the first backward,
     or after `zero_grad(set_to_none=True)`). With `expected=True` counts what a backward
-    will allocate: one gradient, of the parameter's dtype, per parameter that requires grad.
+    will allocate: one gradient, of the parameter's dtype, per parameter that requires grad
+    (a frozen parameter gets none).
     """
     if expected:
-        return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    return sum(p.grad.numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None)
+        return sum(_held_bytes(p) for p in model.parameters() if p.requires_grad)
+    return sum(_held_bytes(p.grad) for p in model.parameters() if p.grad is not None)
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     """Bytes of every tensor in the optimizer's state (AdamW: exp_avg, exp_avg_sq and the
-    per-parameter `step` scalar tensor), each storage counted once. 0 before the first step,
-    since PyTorch optimizers create their state lazily."""
+    per-parameter `step` scalar tensor), each storage counted once; what this process holds
+    (a sharded state: its local shard; quantized state: its codes, scales and tables). 0
+    before the first step, since PyTorch optimizers create their state lazily."""
     seen: set[int] = set()
     total = 0
     for state in optimizer.state.values():
         for value in state.values():
             if isinstance(value, torch.Tensor):
-                key = _storage_key(value)
-                if key not in seen:
-                    seen.add(key)
-                    total += value.numel() * value.element_size()
+                for leaf in _held(value):
+                    key = _storage_key(leaf)
+                    if key not in seen:
+                        seen.add(key)
+                        total += leaf.numel() * leaf.element_size()
     return total
+
+
+def shard_rows(rows: int, processes: int, rank: int) -> int:
+    """Rows of a `rows`-row tensor that `rank` holds when FSDP2 shards it along its first
+    dimension: ceil(rows/N) per rank, in rank order, so the last ranks may hold fewer (or none).
+
+    Example:
+        >>> [shard_rows(7, 2, r) for r in (0, 1)]
+        [4, 3]
+    """
+    per_rank = -(-rows // processes)
+    return max(0, min(per_rank, rows - rank * per_rank))
+
+
+def sharded_bytes(tensors: Iterable[torch.Tensor], *, processes: int, rank: int) -> int:
+    """Bytes `rank` holds of these (unsharded) tensors once each is split along its first
+    dimension across `processes` (`shard_rows`): the exact figure `parameter_bytes` reads
+    from a sharded model, computed from the shapes alone (real, meta or fake tensors).
+
+    Example:
+        >>> sharded_bytes([torch.zeros(7, 3)], processes=2, rank=1)  # 3 rows x 3 x 4 bytes
+        36
+    """
+    return sum(shard_rows(t.shape[0], processes, rank) * (t.numel() // t.shape[0]) * t.element_size()
+               for t in tensors if t.dim() > 0 and t.shape[0] > 0)
 
 
 class SavedActivationCounter:

@@ -78,6 +78,11 @@ class Estimate(Report):
     device: str = "cpu"
     vocab_size: int | None = None
     method: str = ""
+    trainable_parameter_count: int | None = None
+    """Parameters that train (freezing and LoRA leave the rest without gradient and optimizer state)."""
+    processes: int = 1
+    """Processes the model state is sharded over (sharding='full'); the model-state bytes are
+    then one process's share (rank 0's, the largest)."""
     ops: fakestep.StepOps | None = field(default=None, repr=False, compare=False)
     """Every op of the step (FLOPs, bytes, dtype): what a roofline needs (see roofline_seconds)."""
 
@@ -117,7 +122,12 @@ class Estimate(Report):
 
     def caption(self) -> str:
         c = self.config
-        return (f"{c.model} {self.parameter_count / 1e6:,.1f}M params, {c.precision}, micro-batch "
+        fewer = ""  # notebook 09's switches, when used
+        if self.trainable_parameter_count is not None and self.trainable_parameter_count != self.parameter_count:
+            fewer += f", {self.trainable_parameter_count:,} of them trained"
+        if self.processes > 1:
+            fewer += f", model state: one of {self.processes} processes' shares"
+        return (f"{c.model} {self.parameter_count / 1e6:,.1f}M params{fewer}, {c.precision}, micro-batch "
                 f"{c.batch_size} x {c.grad_accum_steps}, checkpointing {c.activation_checkpointing}, "
                 f"on {self.device}")
 
@@ -195,7 +205,8 @@ def _peak(sim: fakestep.Simulation, scaled: int, micro_batches: int) -> tuple[in
     return best, f"{phase}, {'first micro-batch' if micro == 1 else 'later micro-batch'}", sim.end_bytes + scaled * carry
 
 
-def estimate(config: RunConfig, *, vocab_size: int | None = None, device: str | None = None) -> Estimate:
+def estimate(config: RunConfig, *, vocab_size: int | None = None, device: str | None = None,
+             processes: int = 1) -> Estimate:
     """Predict the memory and FLOPs of one training step of `config`, allocating nothing.
 
     Args:
@@ -203,6 +214,10 @@ def estimate(config: RunConfig, *, vocab_size: int | None = None, device: str | 
             accumulation, checkpointing). Models: 'mlp', 'cnn', 'gpt'.
         vocab_size: GPT only, to size a model whose vocabulary is not the byte data's 256.
         device: 'cpu' or 'cuda', the device whose step to predict; default the config's.
+        processes: the processes a sharding='full' config runs on; its model-state bytes are
+            then rank 0's share, exactly. Freezing and LoRA change the parameter, gradient and
+            optimizer-state bytes exactly; the replayed step (activations, FLOPs, peak) is still
+            full training's.
 
     Example:
         >>> est = estimate(RunConfig(model="mlp", batch_size=64, preset="cpu-quick"))
@@ -215,10 +230,16 @@ def estimate(config: RunConfig, *, vocab_size: int | None = None, device: str | 
     device = device or resolve_device(cfg.device)
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device={device!r}: estimate() models 'cpu' or 'cuda'")
+    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
+        raise ValueError(f"processes={processes!r} must be a whole number >= 1; pass e.g. processes=2")
+    if cfg.sharding != "none" and processes < 2:
+        raise ValueError(f"sharding={cfg.sharding!r} splits the model state across processes; pass processes=2 or more")
     spec_key = _spec_key(input_spec(cfg, vocab_size=vocab_size))
     dims = _freeze(cfg.dims)
+    trainable = tuple(getattr(cfg, name) for name in fakestep.TRAINABLE_FIELDS)
+    shard = (processes, 0) if cfg.sharding != "none" else (1, 0)
     state = fakestep.model_state(cfg.model, spec_key, dims, cfg.optimizer, float(cfg.weight_decay),
-                                 bool(cfg.max_grad_norm), device)
+                                 bool(cfg.max_grad_norm), device, trainable, shard)
     group, replayed, scaled = _groups(cfg)
     if cfg.model == "gpt":
         dims = _freeze({**cfg.dims, "n_layer": replayed})
@@ -251,6 +272,7 @@ def estimate(config: RunConfig, *, vocab_size: int | None = None, device: str | 
         flops_per_step=flops * cfg.grad_accum_steps, peak_bytes=state.resident_bytes + peak + runtime,
         peak_at=where, resident_bytes=state.resident_bytes, runtime_bytes=runtime, device=device,
         vocab_size=spec_key[3], method=f"{method}; steady-state step on {device}", ops=step_ops,
+        trainable_parameter_count=state.trainable_parameter_count, processes=shard[0],
     )
 
 

@@ -28,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -176,7 +177,27 @@ class Plan:
     def label(self) -> str:
         c = self.config
         return (f"{c.precision}, checkpointing {c.activation_checkpointing}, {c.batch_size} x {c.grad_accum_steps}"
-                f", {c.optimizer}")
+                f", {c.optimizer}{_fewer_bytes_label(c, self.estimate.processes)}")
+
+
+def _trade_offs(c: RunConfig, base: RunConfig) -> int:
+    """How many of notebook 09's memory levers a plan pulls beyond the baseline's."""
+    return sum((c.optimizer != base.optimizer, (c.freeze, c.freeze_layers, c.lora_rank) !=
+                (base.freeze, base.freeze_layers, base.lora_rank), c.sharding != base.sharding))
+
+
+def _fewer_bytes_label(c: RunConfig, processes: int) -> str:
+    """What a plan trains and where its model state lives, when not the default (notebook 09)."""
+    parts = []
+    if c.lora_rank:
+        parts.append(f"LoRA rank {c.lora_rank} on {c.lora_targets}")
+    if c.freeze != "none":
+        parts.append(f"freeze {c.freeze}")
+    if c.freeze_layers:
+        parts.append(f"freeze {c.freeze_layers} blocks")
+    if c.sharding != "none":
+        parts.append(f"sharded over {processes} processes")
+    return "".join(f", {p}" for p in parts)
 
 
 class Plans(Report):
@@ -237,6 +258,10 @@ def _cost(p: RunConfig, est: Estimate, base: RunConfig, base_est: Estimate) -> s
         costs.append(f"{p.precision} rounding (check accuracy)")
     if p.optimizer != base.optimizer:
         costs.append(f"{p.optimizer} instead of {base.optimizer} (different convergence)")
+    if est.trainable_parameter_count is not None and est.trainable_parameter_count < est.parameter_count:
+        costs.append(f"trains {est.trainable_parameter_count / est.parameter_count:.1%} of the parameters (check accuracy)")
+    if p.sharding != "none":
+        costs.append(f"{est.processes} processes gather parameters every step (~1.5x data parallel's communication)")
     return "; ".join(costs) or "none"
 
 
@@ -255,7 +280,8 @@ def _why(target: Target, est: Estimate, memory: int, fits: bool) -> str:
 def plan(config: RunConfig, *, target: Target, effective_batch: int | None = None,
          precisions: Iterable[str] | None = None, checkpointing: Iterable[str] | None = None,
          optimizers: Iterable[str] | None = None, micro_batches: Iterable[int] | None = None,
-         vocab_size: int | None = None) -> Plans:
+         vocab_size: int | None = None, trainable: Iterable[dict[str, Any]] | None = None,
+         sharding: Iterable[str] | None = None, processes: int = 1) -> Plans:
     """Estimate every combination and rank them: fitting plans fastest first.
 
     Args:
@@ -267,6 +293,12 @@ def plan(config: RunConfig, *, target: Target, effective_batch: int | None = Non
             defaults: the target's precisions, every checkpointing setting the model has,
             the config's optimizer, every divisor of effective_batch.
         vocab_size: GPT only, to size a model on paper (see estimate()).
+        trainable: what trains, as RunConfig fields per choice, e.g. [{}, {"freeze": "embeddings"},
+            {"lora_rank": 8}]; default: the config's own.
+        sharding / processes: the sharding settings to try ('none', 'full') and the processes a
+            sharded plan splits its model state over; default: the config's setting. (The speed
+            models time or bound full training: they neither credit freezing nor charge sharding's
+            communication; the cost column says what each plan gives up.)
     """
     base = config.resolved()
     eff = effective_batch or base.batch_size * base.grad_accum_steps
@@ -280,13 +312,15 @@ def plan(config: RunConfig, *, target: Target, effective_batch: int | None = Non
         raise ValueError(f"checkpointing {checkpointing} needs a model with blocks; model={base.model!r} "
                          f"takes checkpointing=('none',)")
     optimizers = list(optimizers or (base.optimizer,))
+    trainables = [dict(t) for t in (trainable or ({},))]
+    shardings = list(sharding or (base.sharding,))
     micro = sorted(set(micro_batches or _divisors(eff)))
     if bad := [m for m in micro if m < 1 or eff % m]:
         raise ValueError(f"micro_batches {bad} do not divide effective_batch={eff}; use divisors of it")
 
     def make(**changes: Any) -> tuple[RunConfig, Estimate]:
         cfg = dataclasses.replace(base, epochs=None, **changes)
-        return cfg, estimate(cfg, vocab_size=vocab_size, device=target.device)
+        return cfg, estimate(cfg, vocab_size=vocab_size, device=target.device, processes=processes)
 
     speed = target.speed_model
     base_cfg, base_est = make(batch_size=eff, grad_accum_steps=1)
@@ -294,24 +328,24 @@ def plan(config: RunConfig, *, target: Target, effective_batch: int | None = Non
     baseline = Plan(base_cfg, base_est, target.fits(base_est), baseline_mem, speed.step_time(base_est),
                     "none", _why(target, base_est, baseline_mem, target.fits(base_est)))
     plans = []
-    for precision in precisions:
-        for ckpt in checkpointing:
-            for opt in optimizers:
-                for m in micro:
-                    try:
-                        cfg, est = make(precision=precision, activation_checkpointing=ckpt, optimizer=opt,
-                                        batch_size=m, grad_accum_steps=eff // m)
-                    except ConfigError:
-                        continue  # e.g. a micro-batch larger than the data set
-                    fits, memory = target.fits(est), target.memory_of(est)
-                    # Only fitting plans are ranked by speed (and only they are timed on this machine).
-                    step_time = speed.step_time(est) if fits else float("inf")
-                    plans.append(Plan(cfg, est, fits, memory, step_time,
-                                      _cost(cfg, est, base_cfg, base_est), _why(target, est, memory, fits)))
+    choices = itertools.product(precisions, checkpointing, optimizers, micro, trainables, shardings)
+    for precision, ckpt, opt, m, trains, shards in choices:
+        try:
+            cfg, est = make(precision=precision, activation_checkpointing=ckpt, optimizer=opt,
+                            batch_size=m, grad_accum_steps=eff // m, sharding=shards, **trains)
+        except ConfigError:
+            continue  # e.g. a micro-batch larger than the data set; sharding in a precision it lacks
+        fits, memory = target.fits(est), target.memory_of(est)
+        # Only fitting plans are ranked by speed (and only they are timed on this machine).
+        step_time = speed.step_time(est) if fits else float("inf")
+        plans.append(Plan(cfg, est, fits, memory, step_time,
+                          _cost(cfg, est, base_cfg, base_est), _why(target, est, memory, fits)))
     # Fitting plans first, fastest first; ties (same FLOPs, same peak) to fewer micro-batches,
-    # then to less memory. Plans that do not fit follow, smallest first.
+    # then to fewer changes of what trains and where the state lives (notebook 09's switches:
+    # each trades accuracy or communication for memory), then to less memory. Plans that do
+    # not fit follow, smallest first.
     plans.sort(key=lambda p: (not p.fits, p.step_time_s if p.fits else p.memory_bytes,
-                              p.config.grad_accum_steps, p.memory_bytes))
+                              p.config.grad_accum_steps, _trade_offs(p.config, base), p.memory_bytes))
     return Plans(plans, target=target, baseline=baseline, effective_batch=eff)
 
 
@@ -329,8 +363,9 @@ def explain(plans: Plans, *, llm: Callable[[str], str] | None = None, top: int =
     if best is None:
         smallest = min(plans.plans, key=lambda p: p.memory_bytes)
         lines.append(f"No plan fits. The smallest, {smallest.label}, needs {format_bytes(smallest.memory_bytes)} "
-                     f"({smallest.why}). Shard or offload the model state (FSDP/ZeRO), use a lighter optimizer, "
-                     f"or train fewer parameters.")
+                     f"({smallest.why}). Shard the model state (sharding=['full'], processes=N), use a lighter "
+                     f"optimizer (optimizers=['adafactor']), or train fewer parameters "
+                     f"(trainable=[{{'lora_rank': 8}}]).")
     else:
         lines.append(f"Recommended: {best.label}: {format_bytes(best.memory_bytes)} predicted, "
                      f"{base.step_time_s / best.step_time_s:.2f}x the baseline's speed ({plans.speed_label}); "
