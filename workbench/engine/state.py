@@ -7,6 +7,7 @@ excluded) plus the exact byte counts; `evaluate` scores the trained model.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import torch
@@ -42,6 +43,69 @@ class LoopState:
         self.skipped_steps = 0
         self.loss_scales: list[float] = []
         self.timing: IntervalMeter | None = None
+        self.run_id = uuid.uuid4().hex[:12]
+        """Names this run's checkpoints: a resumed run takes the id it saved, and a run never
+        saves into a folder that holds another run's steps."""
+
+
+class LossWindow:
+    """The micro-batch losses since the last log step, held on the device: adding one
+    launches no kernel and syncs nothing. `close()` (at the log step, where the loop syncs
+    anyway) gives the mean of the finite ones and where the first non-finite one was.
+
+    Every `fold_at` micro-batches the held losses fold into device-side sums, so a long log
+    interval holds a bounded number of tensors; the first non-finite position stays exact.
+
+    Example:
+        >>> window = LossWindow(torch.device("cpu"))
+        >>> for x in (1.0, 3.0, float("nan"), 5.0):
+        ...     window.add(torch.tensor(x))
+        >>> window.close()  # mean of 1, 3 and 5; 3 finite; the third (index 2) was not
+        (3.0, 3, 2)
+    """
+
+    def __init__(self, device: torch.device, *, fold_at: int = 1024) -> None:
+        self.device, self.fold_at = device, fold_at
+        self._pending: list[torch.Tensor] = []
+        self._reset()
+
+    def _reset(self) -> None:
+        self._count = 0
+        self._sum = torch.zeros((), device=self.device, dtype=torch.float32)
+        self._finite = torch.zeros((), device=self.device, dtype=torch.float32)
+        self._first_bad = torch.full((), float("inf"), device=self.device)
+
+    def add(self, loss: torch.Tensor) -> None:
+        self._pending.append(loss.detach())
+        if len(self._pending) >= self.fold_at:
+            self._fold()
+
+    def _fold(self) -> None:
+        if not self._pending:
+            return
+        losses = torch.stack(self._pending).float()
+        finite = torch.isfinite(losses)
+        self._sum += torch.where(finite, losses, 0.0).sum()
+        self._finite += finite.sum()
+        positions = torch.arange(len(losses), device=self.device, dtype=torch.float32) + self._count
+        self._first_bad = torch.minimum(self._first_bad, torch.where(finite, float("inf"), positions).min())
+        self._count += len(losses)
+        self._pending.clear()
+
+    def close(self, gather: Any = None) -> tuple[float, int, int | None]:
+        """(mean loss, finite micro-batches, index of the first non-finite one or None) over
+        the window, which then starts afresh. The mean is of the finite losses (nan if none).
+        One device sync. `gather` (accelerator.gather) joins every process's figures first,
+        so all processes see the same numbers and stop, or go on, together."""
+        self._fold()
+        mean = self._sum / self._finite.clamp(min=1)
+        stats = torch.stack([mean, self._finite, self._first_bad])
+        rows = (stats if gather is None else gather(stats)).view(-1, 3).tolist()  # the sync
+        self._reset()
+        with_finite = [row for row in rows if row[1]]
+        mean = sum(row[0] for row in with_finite) / len(with_finite) if with_finite else float("nan")
+        first_bad = min(row[2] for row in rows)
+        return mean, int(sum(row[1] for row in rows)), None if first_bad == float("inf") else int(first_bad)
 
 
 def build_result(*, cfg: RunConfig, name: str, status: str, message: str, state: LoopState, model: Any,
@@ -53,7 +117,7 @@ def build_result(*, cfg: RunConfig, name: str, status: str, message: str, state:
     timing = state.timing
     rates = timing.run_rates(flops_per_step=state.flops_per_step, text=text) if timing else None
     peak_bytes = meter.peak_bytes()
-    memory = MemoryBreakdown(
+    memory = None if model is None or optimizer is None else MemoryBreakdown(
         parameter_bytes=parameter_bytes(model),
         gradient_bytes=gradient_bytes(model, expected=True),
         optimizer_state_bytes=optimizer_state_bytes(optimizer),
