@@ -207,13 +207,15 @@ def describe_out_of_memory(error: BaseException) -> str:
     Example:
         >>> describe_out_of_memory(RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: "
         ...     "can't allocate memory: you tried to allocate 10000000000 bytes. Error code 12"))
-        'CPU out of memory: tried to allocate 9.31 GiB (DefaultCPUAllocator); lower batch_size, seq_len or dims'
+        'CPU out of memory. Tried to allocate 9.31 GiB (DefaultCPUAllocator); lower batch_size, seq_len or dims'
     """
     text = str(error)[:_MAX_CHARS]
     if match := _CPU_OOM.search(text):
-        return (f"CPU out of memory: tried to allocate {format_size(int(match.group(1)))} (DefaultCPUAllocator); "
+        # Worded as CUDA's ("... out of memory. Tried to allocate ..."), which tools already read
+        # (accelerate's find_executable_batch_size shrinks the batch on " out of memory.").
+        return (f"CPU out of memory. Tried to allocate {format_size(int(match.group(1)))} (DefaultCPUAllocator); "
                 "lower batch_size, seq_len or dims")
     if isinstance(error, MemoryError):
-        return "out of memory (MemoryError); lower batch_size, seq_len or dims"
+        return "CPU out of memory. Python could not allocate (MemoryError); lower batch_size, seq_len or dims"
     lines = text.strip().splitlines()
     return lines[0] if lines else type(error).__name__

@@ -83,7 +83,7 @@ def search_micro_batch(config: RunConfig, *, start: int, reduce: Callable[[int],
             result = runner(dataclasses.replace(base, batch_size=batch_size), sinks=[], name=f"try b{batch_size}")
         except DoesNotFit as error:  # refused before allocating: its estimate exceeds this machine's memory
             tries.append((batch_size, "oom"))
-            raise torch.OutOfMemoryError(str(error)) from None
+            raise torch.OutOfMemoryError(f"Predicted out of memory. {error}") from None  # read by accelerate
         tries.append((batch_size, result.status))
         if result.status == "oom":
             raise torch.OutOfMemoryError(result.message)
