@@ -7,6 +7,7 @@ excluded) plus the exact byte counts; `evaluate` scores the trained model.
 
 from __future__ import annotations
 
+import math
 import uuid
 from typing import Any
 
@@ -51,10 +52,12 @@ class LoopState:
 class LossWindow:
     """The micro-batch losses since the last log step, held on the device: adding one
     launches no kernel and syncs nothing. `close()` (at the log step, where the loop syncs
-    anyway) gives the mean of the finite ones and where the first non-finite one was.
+    anyway) gives the window's mean and, when a loss was not finite, where the first one was.
 
-    Every `fold_at` micro-batches the held losses fold into device-side sums, so a long log
-    interval holds a bounded number of tensors; the first non-finite position stays exact.
+    The usual window costs three small kernels and one read (stack, sum, divide); only a
+    window holding a non-finite loss pays for the details. Every `fold_at` micro-batches the
+    held losses fold into device-side sums, so a long log interval holds a bounded number of
+    tensors; the first non-finite position stays exact.
 
     Example:
         >>> window = LossWindow(torch.device("cpu"))
@@ -67,43 +70,52 @@ class LossWindow:
     def __init__(self, device: torch.device, *, fold_at: int = 1024) -> None:
         self.device, self.fold_at = device, fold_at
         self._pending: list[torch.Tensor] = []
-        self._reset()
-
-    def _reset(self) -> None:
+        self._folded: list[torch.Tensor] | None = None  # [sum of finite, finite count, first bad]
         self._count = 0
-        self._sum = torch.zeros((), device=self.device, dtype=torch.float32)
-        self._finite = torch.zeros((), device=self.device, dtype=torch.float32)
-        self._first_bad = torch.full((), float("inf"), device=self.device)
 
     def add(self, loss: torch.Tensor) -> None:
         self._pending.append(loss.detach())
         if len(self._pending) >= self.fold_at:
             self._fold()
 
-    def _fold(self) -> None:
-        if not self._pending:
-            return
+    def _stats(self) -> torch.Tensor:
+        """[sum of the finite losses, how many, index of the first non-finite (inf: none)]."""
         losses = torch.stack(self._pending).float()
         finite = torch.isfinite(losses)
-        self._sum += torch.where(finite, losses, 0.0).sum()
-        self._finite += finite.sum()
         positions = torch.arange(len(losses), device=self.device, dtype=torch.float32) + self._count
-        self._first_bad = torch.minimum(self._first_bad, torch.where(finite, float("inf"), positions).min())
-        self._count += len(losses)
+        stats = torch.stack([torch.where(finite, losses, 0.0).sum(), finite.sum().float(),
+                             torch.where(finite, float("inf"), positions).min()])
+        if self._folded is not None:
+            stats = torch.stack([stats[0] + self._folded[0], stats[1] + self._folded[1],
+                                 torch.minimum(stats[2], self._folded[2])])
+        return stats
+
+    def _fold(self) -> None:
+        self._folded = list(self._stats())
+        self._count += len(self._pending)
         self._pending.clear()
 
     def close(self, gather: Any = None) -> tuple[float, int, int | None]:
         """(mean loss, finite micro-batches, index of the first non-finite one or None) over
         the window, which then starts afresh. The mean is of the finite losses (nan if none).
-        One device sync. `gather` (accelerator.gather) joins every process's figures first,
-        so all processes see the same numbers and stop, or go on, together."""
-        self._fold()
-        mean = self._sum / self._finite.clamp(min=1)
-        stats = torch.stack([mean, self._finite, self._first_bad])
-        rows = (stats if gather is None else gather(stats)).view(-1, 3).tolist()  # the sync
-        self._reset()
-        with_finite = [row for row in rows if row[1]]
-        mean = sum(row[0] for row in with_finite) / len(with_finite) if with_finite else float("nan")
+        One device sync when every loss was finite. `gather` (accelerator.gather) joins every
+        process's figures first, so all processes see the same numbers and stop, or go on,
+        together."""
+        count = self._count + len(self._pending)
+        if count == 0:
+            return float("nan"), 0, None
+        if self._folded is None:  # the usual window: its mean alone says whether all were finite
+            mean = torch.stack(self._pending).float().sum() / count
+            means = (mean.view(1) if gather is None else gather(mean.view(1))).tolist()  # the sync
+            if all(math.isfinite(m) for m in means):
+                self._pending.clear()
+                return sum(means) / len(means), count * len(means), None
+        stats = self._stats() if self._pending else torch.stack(self._folded)
+        rows = (stats if gather is None else gather(stats)).view(-1, 3).tolist()
+        self._pending.clear()
+        self._folded, self._count = None, 0
+        finite_rows = [row for row in rows if row[1]]
+        mean = sum(r[0] / r[1] for r in finite_rows) / len(finite_rows) if finite_rows else float("nan")
         first_bad = min(row[2] for row in rows)
         return mean, int(sum(row[1] for row in rows)), None if first_bad == float("inf") else int(first_bad)
 
