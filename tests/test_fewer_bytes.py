@@ -210,12 +210,12 @@ def test_shard_rows_split_a_first_dimension_as_fsdp2_does():
 # -- validation --
 
 @pytest.mark.parametrize("changes, message", [
-    (dict(model="mlp", freeze="embeddings"), r"freeze='embeddings' needs a model with embeddings"),
+    (dict(model="mlp", dims=None, freeze="embeddings"), r"freeze='embeddings' needs a model with embeddings"),
     (dict(freeze="everything"), r"freeze='everything' is not known"),
     (dict(freeze_layers=3), r"freeze_layers=3 must be 0..2 for model='gpt'"),
     (dict(freeze_layers=-1), r"freeze_layers=-1 must be 0..2"),
     (dict(freeze="all_but_head", freeze_layers=1), r"nothing left to freeze"),
-    (dict(model="mlp", lora_rank=8), r"lora_rank=8 adapts transformer layers"),
+    (dict(model="mlp", dims=None, lora_rank=8), r"lora_rank=8 adapts transformer layers"),
     (dict(lora_rank=8, freeze="embeddings"), r"leave freeze='none'"),
     (dict(lora_rank=-1), r"lora_rank=-1 must not be negative"),
     (dict(lora_alpha=16.0), r"lora_alpha=16.0 needs lora_rank >= 1"),

@@ -114,6 +114,18 @@ class _MainProcessOnly:
             self.sink.end(record)
 
 
+def _json_path_problem(path: str) -> str | None:
+    """Why --json could not be written after the run (checked first: nothing trained is lost)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return f"--json {path!r} is a folder; pass a file path such as result.json"
+    if not os.path.isdir(folder):
+        return f"--json {path!r}: the folder {folder!r} does not exist; create it or pass another path"
+    if not os.access(folder, os.W_OK):
+        return f"--json {path!r}: the folder {folder!r} is not writable; pass another path"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the flags, run, print; the process's exit status."""
     parser = build_parser()
@@ -122,6 +134,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = config_from_args(args)
     except ConfigError as error:
         parser.error(str(error))  # one line, exit status 2
+    if args.json and (problem := _json_path_problem(args.json)):
+        parser.error(problem)  # before training, so the figures are not lost after it
     from workbench.engine.train import RunInterrupted, run
     from workbench.views.sinks import TextSink
 
@@ -129,6 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = run(config, sinks=[_MainProcessOnly(TextSink())], name=args.name)
     except RunInterrupted as stopped:  # Ctrl-C: the log said so; report what was done, exit 130
         result = stopped.result
+    except ConfigError as error:  # refused before step 1 (memory, checkpoints): one line, exit 2
+        parser.error(str(error))
     # RANK is set by every launcher (accelerate launch, torchrun); absent: one process.
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"{result!r}; {result.num_processes} process(es); accuracy "
@@ -139,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "eval_loss": result.eval_loss}
             with open(args.json, "w") as out:
                 json.dump(figures, out, indent=1)
-    return {"ok": 0, "interrupted": 130}.get(result.status, 1)
+    return {"ok": 0, "interrupted": 130}.get(result.status, 1)  # 'oom', 'diverged': 1
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from workbench.core import hardware
+from workbench.core import hardware, limits
 from workbench.core.data import DATASETS, train_size
 from workbench.core.models import MODEL_SPECS, MODELS
 from workbench.core.optim import OPTIMIZERS
@@ -229,8 +229,14 @@ def _resolve(cfg: RunConfig) -> dict[str, Any]:
     if cfg.preset is not None:
         _one_of("preset", cfg.preset)
     _one_of("model", cfg.model)
+    if cfg.data is not None and not cfg.data.removeprefix("hub:").strip():
+        raise ConfigError(f"data={cfg.data!r} names no data set; pass a name such as 'mnist' or 'hub:<name>', "
+                          "or None for the model's default")
     spec = MODEL_SPECS[cfg.model]
-    preset = get_preset(cfg.preset)
+    try:
+        preset = get_preset(cfg.preset)
+    except ValueError as error:  # $WORKBENCH_PRESET names no preset
+        raise ConfigError(str(error)) from None
     values = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
     values["preset"] = preset.name
     values["data"] = cfg.data or spec.default_data
@@ -284,14 +290,11 @@ def _check_values(cfg: RunConfig, r: dict[str, Any]) -> None:
     for name in ("num_workers", "eval_samples", "seed"):
         if r[name] < 0:
             raise ConfigError(f"{name}={r[name]} must not be negative; pass 0 or more")
-    if cfg.epochs is not None and not cfg.epochs > 0:
-        raise ConfigError(f"epochs={cfg.epochs} must be positive; pass e.g. epochs=1")
-    if not (math.isfinite(r["lr"]) and r["lr"] > 0):
-        raise ConfigError(f"lr={r['lr']} must be a positive finite number; pass e.g. lr=1e-3")
-    if r["weight_decay"] < 0:
-        raise ConfigError(f"weight_decay={r['weight_decay']} must not be negative; pass e.g. 0.01")
-    if r["max_grad_norm"] is not None and not r["max_grad_norm"] > 0:
-        raise ConfigError(f"max_grad_norm={r['max_grad_norm']} must be positive or None")
+    if r["seed"] >= limits.SEED_LIMIT:
+        raise ConfigError(f"seed={r['seed']} is too large: torch takes seeds below 2**64; pass e.g. seed=0")
+    if cfg.epochs is not None and not (limits.is_finite(cfg.epochs) and cfg.epochs > 0):
+        raise ConfigError(f"epochs={limits.shown(cfg.epochs)} must be positive and finite; pass e.g. epochs=1")
+    _check_update_rule(r)
     if cfg.steps is not None and cfg.epochs is not None:
         raise ConfigError(f"steps={cfg.steps} and epochs={cfg.epochs} conflict; give only one of them")
     if r["num_workers"] == 0 and (r["prefetch_factor"] is not None or r["persistent_workers"]):
@@ -299,11 +302,17 @@ def _check_values(cfg: RunConfig, r: dict[str, Any]) -> None:
         raise ConfigError(f"{knob} needs worker processes; set num_workers >= 1 or leave {knob} unset")
     if r["prefetch_factor"] is not None and r["prefetch_factor"] < 1:
         raise ConfigError(f"prefetch_factor={r['prefetch_factor']} must be at least 1")
+    if problem := limits.workers_problem(r["num_workers"]):
+        raise ConfigError(problem)
     if r["activation_checkpointing"] != "none" and not MODEL_SPECS[r["model"]].has_blocks:
         raise ConfigError(
             f"activation_checkpointing={r['activation_checkpointing']!r} needs a model with blocks; "
             f"use model='gpt' or 'minilm', or activation_checkpointing='none'"
         )
+    shape = None if data.startswith("hub:") else DATASETS[data].input_shape
+    if problem := limits.dims_problem(r["model"], r["dims"], shape):
+        raise ConfigError(problem)
+    _check_seq_len(r)
     _check_save_and_resume(r)
     _check_device(r)
     _check_fewer_bytes(r)
@@ -323,6 +332,50 @@ def _check_values(cfg: RunConfig, r: dict[str, Any]) -> None:
                     f"one epoch of {data!r} ({size} samples); lower one of them"
                 )
             r["steps"] = max(1, math.ceil(cfg.epochs * per_epoch))
+        batches = size // r["batch_size"]
+        if r["prefetch_factor"] is not None and r["prefetch_factor"] > batches:
+            # Measured: prefetch_factor=10**9 hung the first batch for over 2 minutes (the loader
+            # asks for 10**9 indices one by one), for nothing: a worker holds one epoch at most.
+            raise ConfigError(f"prefetch_factor={r['prefetch_factor']} is more batches ahead than an epoch of "
+                              f"{data!r} holds ({batches}); pass prefetch_factor <= {batches}, e.g. 2")
+
+
+def _check_update_rule(r: dict[str, Any]) -> None:
+    """Hyper-parameters that would make the first steps diverge: refused before any step."""
+    lr, wd, clip = r["lr"], r["weight_decay"], r["max_grad_norm"]
+    if not (limits.is_finite(lr) and lr > 0):
+        raise ConfigError(f"lr={limits.shown(lr)} must be a positive finite number; pass e.g. lr=1e-3")
+    most = OPTIMIZERS[r["optimizer"]].max_lr
+    if lr > most:
+        raise ConfigError(f"lr={lr:g} is too large for optimizer={r['optimizer']!r}: the first steps would "
+                          f"diverge; pass lr <= {most:g}, e.g. lr=1e-3")
+    if not (limits.is_finite(wd) and wd >= 0):
+        raise ConfigError(f"weight_decay={limits.shown(wd)} must be a finite number >= 0; pass e.g. weight_decay=0.01")
+    if lr * wd >= 1:
+        # AdamW multiplies each weight by (1 - lr*wd) every step; SGD and Adam subtract lr*wd*w.
+        raise ConfigError(f"weight_decay={wd:g} with lr={lr:g} would zero or flip every weight each step "
+                          f"(lr*weight_decay={lr * wd:g} >= 1); pass weight_decay < {1 / lr:g}, e.g. 0.01")
+    if clip is not None and not (limits.is_finite(clip) and clip > 0):
+        raise ConfigError(f"max_grad_norm={limits.shown(clip)} must be a positive finite number or None; "
+                          "pass e.g. max_grad_norm=1.0")
+
+
+def _check_seq_len(r: dict[str, Any]) -> None:
+    """A sequence must fit the model (its position table) and the data (one micro-batch of windows)."""
+    if not MODEL_SPECS[r["model"]].is_text:
+        return
+    seq_len, data = r["seq_len"], r["data"]
+    if seq_len < 2:
+        raise ConfigError(f"seq_len={seq_len} must be at least 2 for model={r['model']!r}; pass e.g. seq_len=64")
+    if (most := limits.max_positions(r["model"])) is not None and seq_len > most:
+        raise ConfigError(f"seq_len={seq_len} is longer than model={r['model']!r} can read ({most} positions); "
+                          f"pass seq_len <= {most}")
+    if DATASETS.get(data) is not None and DATASETS[data].task == "language_modeling":
+        fits = lambda s: train_size(data, s) >= r["batch_size"]  # noqa: E731
+        if not fits(seq_len) and fits(2):
+            longest = limits.longest_lm_seq_len(lambda s: train_size(data, s), r["batch_size"])
+            raise ConfigError(f"seq_len={seq_len} leaves fewer than batch_size={r['batch_size']} training windows "
+                              f"in data={data!r} ({train_size(data, seq_len)}); pass seq_len <= {longest}")
 
 
 def _check_save_and_resume(r: dict[str, Any]) -> None:
@@ -337,6 +390,8 @@ def _check_save_and_resume(r: dict[str, Any]) -> None:
             # run's logged losses line up with an unbroken run's.
             raise ConfigError(f"save_every={every} must be a multiple of log_every={r['log_every']}; "
                               f"pass save_every={every - every % r['log_every'] or r['log_every']}")
+    if r["save_state_dir"] is not None and (problem := limits.save_dir_problem(r["save_state_dir"])):
+        raise ConfigError(problem)
     if r["resume_from"] is not None and not os.path.isdir(r["resume_from"]):
         raise ConfigError(f"resume_from={r['resume_from']!r} is not a folder; pass a folder written by save_state_dir")
 

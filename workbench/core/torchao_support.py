@@ -103,9 +103,10 @@ def config_by_name(name: str, **kwargs: Any) -> Any:
 def intx_config(bits: int, *, group_size: int | None = None) -> Any:
     """torchao config: int8 dynamic activations, `bits`-bit weights, one scale per output
     channel (group_size None) or per `group_size` weights of a row."""
-    if not (isinstance(bits, int) and 1 <= bits <= 8):
+    # bool is an int to Python: True would ask torch for dtype "intTrue" (an AttributeError).
+    if isinstance(bits, bool) or not (isinstance(bits, int) and 1 <= bits <= 8):
         raise ValueError(f"bits={bits!r} must be a whole number from 1 to 8 (weights of int1..int8)")
-    if group_size is not None and not (isinstance(group_size, int) and group_size > 0):
+    if group_size is not None and (isinstance(group_size, bool) or not (isinstance(group_size, int) and group_size > 0)):
         raise ValueError(f"group_size={group_size!r} must be a positive whole number, or None for per-channel")
     granularity = import_torchao("torchao.quantization.granularity")
     return config_by_name(

@@ -37,6 +37,7 @@ from dataclasses import replace
 from typing import Any
 
 from workbench.core.config import RunConfig
+from workbench.core.limits import usable_cores
 from workbench.measure.records import RunEnd, RunStart, Sink, StepRecord
 from workbench.measure.result import RunResult
 
@@ -120,6 +121,22 @@ def _child(target: RunConfig | Callable[..., Any], args: tuple, name: str | None
 def _check_num_processes(num_processes: Any) -> None:
     if not isinstance(num_processes, int) or isinstance(num_processes, bool) or num_processes < 1:
         raise ValueError(f"num_processes={num_processes!r} must be a whole number >= 1; pass e.g. num_processes=2")
+    # Each process is a full torch (~300 MB) with its own pipe; measured: 10**6 ran out of file
+    # descriptors after creating pipes for a while. More processes than cores only share them.
+    most = max(2, 2 * usable_cores())
+    if num_processes > most:
+        raise ValueError(f"num_processes={num_processes} is more processes than this machine can run side by side "
+                         f"({usable_cores()} usable cores); pass num_processes <= {most}")
+
+
+def _check_limits(timeout_s: Any, threads_per_process: Any) -> None:
+    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
+                                  or not 0 < timeout_s < float("inf")):
+        raise ValueError(f"timeout_s={timeout_s!r} must be a positive number of seconds or None; pass e.g. timeout_s=600")
+    if threads_per_process is not None and (isinstance(threads_per_process, bool) or not isinstance(threads_per_process, int)
+                                            or not 1 <= threads_per_process <= max(1, usable_cores())):
+        raise ValueError(f"threads_per_process={threads_per_process!r} must be a whole number from 1 to "
+                         f"{usable_cores()} (the usable cores) or None; pass e.g. threads_per_process=1")
 
 
 def _start_method(requested: str) -> str:
@@ -150,6 +167,7 @@ def _launch(target: RunConfig | Callable[..., Any], args: tuple, *, num_processe
     )
 
     _check_num_processes(num_processes)
+    _check_limits(timeout_s, threads_per_process)
     cpu = device == "cpu"
     if not cpu and num_processes > torch.cuda.device_count():
         raise ValueError(
@@ -276,11 +294,16 @@ def launch(config: RunConfig, *, num_processes: int = 2, name: str | None = None
         >>> two = launch(RunConfig(model="mlp", steps=20), num_processes=2, name="2 processes")  # doctest: +SKIP
     """
     from workbench.core import hardware
+    from workbench.measure.fit import check_fits
 
     if not isinstance(config, RunConfig):
         raise TypeError(f"config must be a RunConfig, got {type(config).__name__}; use launch_function for a function")
     cfg = config.resolved()  # bad values fail here, before any process starts
     _check_num_processes(num_processes)
+    _check_limits(timeout_s, threads_per_process)
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"name must be text, got {type(name).__name__} {name!r}; pass e.g. name='2 processes'")
+    check_fits(cfg, processes=num_processes)  # all N on this machine: refused here, before any fork
     name = name or f"{cfg.model} {cfg.precision} b{cfg.batch_size} x{num_processes}"
     sinks = list(sinks)
     seen: dict[str, Any] = {"hello": [], "start": None, "steps": [], "end": None}

@@ -14,7 +14,19 @@ tests assert it).
 
 Runs save to `<save_state_dir>/step_000020/`; `resume_from` takes such a folder, or
 `save_state_dir` itself for its latest step. `RunConfig(save_state_dir=..., save_every=...,
-resume_from=...)` are the switches; `train.py` calls `save` and `restore`.
+resume_from=...)` are the switches; `train.py` calls `check` and `check_folder` before it
+builds anything, `restore` and `check_room` after `prepare()`, and `save` at log steps.
+
+Nothing is lost or overwritten:
+- before step 1 the folder is made, written to, and checked for room and for other runs'
+  steps: each run has an id (a resumed run keeps its own), and a run never saves into a
+  folder holding another run's steps, nor over a later step of its own;
+- a save is written to `step_N.partial-<run>` and renamed when whole, with every file's size
+  and SHA-256 in the loop file; a save that fails raises CheckpointError naming the last
+  complete one (the run's result so far is `last_result()`);
+- `check` verifies every file against what was saved before any is loaded, loads the RNG
+  states itself (accelerate skips a bad one quietly), and notes where the resume cannot be
+  exact (another max_grad_norm, device or torch): they become the run's warnings.
 
 Example:
     >>> half = run(RunConfig(model="mlp", steps=10, save_state_dir="ckpt"))  # doctest: +SKIP
@@ -26,7 +38,11 @@ Example:
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
+import os
+import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,12 +50,16 @@ from typing import Any
 import torch
 
 from workbench.core.config import ConfigError, RunConfig
+from workbench.core.report import format_bytes
 
 LOOP_FILE = "workbench_loop.json"
+_STEP = re.compile(r"step_(\d{6,})")
 # Config fields that decide the model's shapes, the data order or the update rule:
 # resuming with another value would not continue the same run.
 MUST_MATCH = ("model", "data", "dims", "seq_len", "batch_size", "grad_accum_steps", "optimizer",
               "lr", "weight_decay", "precision", "seed", "qat")
+# Fields a resumed run may change, though its curve then differs from an unbroken run's (said).
+CHANGES_THE_CURVE = ("max_grad_norm", "grad_scaler")
 # The loop's history (loop_state.LoopState attributes) that a resumed run carries on.
 LOOP_FIELDS = ("step", "loss_steps", "losses", "activation_bytes", "flops_per_step",
                "skipped_steps", "loss_scales")
@@ -84,42 +104,251 @@ def step_dir(root: str | Path, step: int) -> Path:
     return Path(root) / f"step_{step:06d}"
 
 
+def _step_of(folder: Path) -> int | None:
+    match = _STEP.fullmatch(folder.name)
+    return int(match.group(1)) if match else None
+
+
+def _steps(root: Path, *, complete: bool = True) -> list[Path]:
+    """The step_* folders under `root` (with their loop file when `complete`), oldest first.
+    Saves in progress (`step_N.partial-<run>`) are never among them."""
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if _step_of(p) is not None and p.is_dir()]
+    return sorted((p for p in found if not complete or (p / LOOP_FILE).is_file()), key=_step_of)
+
+
 def find(path: str | Path) -> Path:
     """The checkpoint folder `path` names: itself, or its latest `step_*` folder."""
     path = Path(path)
     if (path / LOOP_FILE).is_file():
         return path
-    steps = sorted(p for p in path.glob("step_*") if (p / LOOP_FILE).is_file())
+    steps = _steps(path)
     if not steps:
         raise ConfigError(f"resume_from={str(path)!r} holds no saved run (no {LOOP_FILE}); "
                           "pass a folder written by save_state_dir")
     return steps[-1]
 
 
+def _instead(path: Path) -> str:
+    """What to do when the checkpoint in `path` cannot be used: the save before it, if any."""
+    step = _step_of(path)
+    earlier = [p for p in _steps(path.parent) if step is not None and _step_of(p) < step]
+    if earlier:
+        return f"resume from {str(earlier[-1])!r} (the save before it), or start afresh without resume_from"
+    return "start afresh without resume_from (no earlier save is there)"
+
+
+def _damaged(path: Path, name: str, what: str) -> ConfigError:
+    return ConfigError(f"{name} in {str(path)!r} {what}; {_instead(path)}")
+
+
+def _read_record(path: Path) -> dict[str, Any]:
+    """The loop file of a checkpoint, checked for what restore() reads from it."""
+    try:
+        record = json.loads((path / LOOP_FILE).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as error:  # JSONDecodeError is a ValueError
+        raise _damaged(path, LOOP_FILE, f"cannot be read ({type(error).__name__}: {error})") from None
+    loop = record.get("loop") if isinstance(record, dict) else None
+    shape_ok = (isinstance(loop, dict) and isinstance(record.get("data"), dict) and isinstance(record.get("config"), dict)
+                and isinstance(record.get("num_processes"), int) and isinstance(loop.get("step"), int)
+                and loop["step"] >= 0 and all(isinstance(loop.get(k, []), list) for k in ("losses", "loss_steps")))
+    if not shape_ok:
+        raise _damaged(path, LOOP_FILE, "is damaged (its loop, data or config entries are missing or malformed)")
+    return record
+
+
+def _digest(file: Path) -> str:
+    with open(file, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _verify_files(path: Path, record: dict[str, Any], rank: int) -> None:
+    """Every file the checkpoint was saved with is there, whole and unchanged (sizes and
+    SHA-256 written at save time), so a damaged one is named before anything loads it."""
+    files = record.get("files") or {}  # absent in checkpoints written before it was recorded
+    needed = {f"random_states_{rank}.pkl": None, **{name: info for name, info in files.items()}}
+    for name, info in needed.items():
+        file = path / name
+        if not file.is_file():
+            raise _damaged(path, name, "is missing" + (": the RNG states, without which the resume cannot be exact"
+                                                      if name.startswith("random_states") else ""))
+        if info is None:
+            continue
+        size, digest = info
+        if file.stat().st_size != size:
+            raise _damaged(path, name, f"is truncated or changed ({file.stat().st_size:,} bytes, saved {size:,})")
+        if _digest(file) != digest:
+            raise _damaged(path, name, "is damaged (its SHA-256 differs from the one saved with it)")
+
+
+def _rng_notes(path: Path, rank: int) -> list[str]:
+    """accelerate skips an RNG file it cannot load, quietly, and the resume is then not exact:
+    load it here first, so a bad one is an error and a missing CUDA state is said."""
+    from accelerate.utils import load
+
+    name = f"random_states_{rank}.pkl"
+    try:
+        states = load(path / name)
+    except Exception as error:  # any unpickling failure
+        raise _damaged(path, name, f"cannot be loaded ({type(error).__name__}); without it the resume cannot be "
+                                   "exact") from None
+    if not isinstance(states, dict) or not {"random_state", "numpy_random_seed", "torch_manual_seed"} <= set(states):
+        raise _damaged(path, name, "lacks the Python, NumPy or torch RNG state; without it the resume cannot be exact")
+    if torch.cuda.is_available() and "torch_cuda_manual_seed" not in states:
+        return ["resume is not exact: the checkpoint holds no CUDA RNG state (saved without a GPU), so random "
+                "draws on the GPU (dropout) differ from an unbroken run's"]
+    return []
+
+
+def _inexact_notes(cfg: RunConfig, record: dict[str, Any], device: str) -> list[str]:
+    """Differences that a resume allows but that make its curve differ from an unbroken run's."""
+    notes = []
+    saved = record.get("curve", {})
+    for name in CHANGES_THE_CURVE:
+        if name in saved and saved[name] != json.loads(json.dumps(getattr(cfg, name))):
+            notes.append(f"resume is not exact: saved with {name}={saved[name]!r}, this run has "
+                         f"{name}={getattr(cfg, name)!r}; the curve from step {record['loop']['step']} differs "
+                         "from an unbroken run's")
+    for what, mine in (("device", device), ("torch", torch.__version__)):
+        if record.get(what) not in (None, mine):
+            notes.append(f"resume is not exact: saved with {what} {record[what]}, resumed with {mine}; the kernels "
+                         "differ, so the curve matches an unbroken run's only to rounding")
+    return notes
+
+
+def check_folder(accelerator: Any, cfg: RunConfig, state: Any, *, from_step: int = 0) -> None:
+    """Before anything is built: the save folder exists, can be written, and holds no other
+    run's steps, so a save never overwrites anything (measured before: a second run into the
+    same folder replaced the first one's step folders silently, and an unwritable folder
+    failed only at the last step, after all the training)."""
+    root = Path(cfg.save_state_dir)
+    if accelerator.num_processes > 1:  # one id for the run: every process names the same folders
+        from accelerate.utils import broadcast_object_list
+
+        state.run_id = broadcast_object_list([state.run_id])[0]
+    for folder in _steps(root, complete=False):
+        owner = _owner(folder)
+        if owner != state.run_id:
+            raise ConfigError(
+                f"save_state_dir={str(root)!r} holds another run's checkpoint ({folder.name}), which saving here could "
+                f"overwrite; pass a new folder such as {str(root / 'run-2')!r}, or resume_from={str(root)!r} to "
+                "continue that run")
+        if _step_of(folder) > from_step:
+            raise ConfigError(
+                f"save_state_dir={str(root)!r} holds {folder.name} of this run, later than step {from_step} resumed "
+                f"from, which saving would replace; resume from the latest save, or pass another save_state_dir")
+    if not accelerator.is_main_process:
+        return
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"0")
+        probe.unlink()
+    except OSError as error:
+        raise ConfigError(f"save_state_dir={str(root)!r} is not a folder this run can write "
+                          f"({type(error).__name__}: {error.strerror or error}); pass a folder you can write to") from None
+
+
+def check_room(accelerator: Any, cfg: RunConfig, state: Any, model: Any) -> None:
+    """Before step 1: the disk under save_state_dir holds every save this run will make."""
+    if not accelerator.is_main_process:
+        return
+    root = Path(cfg.save_state_dir)
+    every = cfg.save_every or cfg.steps
+    saves = cfg.steps // every - state.step // every + (1 if cfg.steps % every else 0)
+    from workbench.measure.counters import parameter_bytes
+
+    # Weights, and the optimizer's fp32 moments: one (SGD momentum) or two (Adam) per weight.
+    size = parameter_bytes(model) * (2 if cfg.optimizer == "sgd" else 3)
+    free = shutil.disk_usage(root).free
+    if saves * size > free:
+        raise ConfigError(
+            f"save_state_dir={str(root)!r} has {format_bytes(free)} free, but this run saves {saves} checkpoint(s) "
+            f"of about {format_bytes(size)}; free some space, save less often (save_every), or pass another folder")
+
+
+def _owner(folder: Path) -> str | None:
+    """The run_id a step folder was saved by ('legacy' before ids were written; None if unreadable)."""
+    try:
+        record = json.loads((folder / LOOP_FILE).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return record.get("run_id", "legacy") if isinstance(record, dict) else None
+
+
+class CheckpointError(RuntimeError):
+    """A save that failed during a run (disk full, folder removed): says which and what to do."""
+
+
 def save(accelerator: Any, cfg: RunConfig, state: Any) -> Path:
-    """Save everything needed to continue this run; every process must call it."""
-    path = step_dir(cfg.save_state_dir, state.step)
-    # Model, optimizer, GradScaler, accelerate's step counter, each process's RNGs.
-    accelerator.save_state(str(path))
-    if accelerator.is_main_process:
-        position = state.data_position
-        loop = {name: getattr(state, name) for name in LOOP_FIELDS if hasattr(state, name)}
-        record = {
-            "loop": loop,
-            "data": {"epoch": position.epoch, "batches_in_epoch": position.batches_in_epoch,
-                     "shuffle_state": _encode(position.shuffle_state)},
-            "num_processes": accelerator.num_processes,
-            "config": {name: getattr(cfg, name) for name in MUST_MATCH},
-        }
-        (path / LOOP_FILE).write_text(json.dumps(record, indent=1))
+    """Save everything needed to continue this run; every process must call it.
+
+    The files are written into `step_N.partial-<run>` and the folder renamed to `step_N`
+    once complete, so a save cut short never looks like a checkpoint and never replaces one.
+    """
+    root = Path(cfg.save_state_dir)
+    path = step_dir(root, state.step)
+    partial = root / f"{path.name}.partial-{state.run_id}"
+    main = accelerator.is_main_process
+    try:
+        if main and partial.exists():  # this run's own save, cut short before
+            shutil.rmtree(partial)
+        accelerator.wait_for_everyone()
+        # Model, optimizer, GradScaler, accelerate's step counter, each process's RNGs.
+        accelerator.save_state(str(partial))
+        accelerator.wait_for_everyone()  # every process's files are in
+        if main:
+            position = state.data_position
+            record = {
+                "run_id": state.run_id,
+                "loop": {name: getattr(state, name) for name in LOOP_FIELDS if hasattr(state, name)},
+                "data": {"epoch": position.epoch, "batches_in_epoch": position.batches_in_epoch,
+                         "shuffle_state": _encode(position.shuffle_state)},
+                "num_processes": accelerator.num_processes,
+                "config": {name: getattr(cfg, name) for name in MUST_MATCH},
+                "curve": {name: getattr(cfg, name) for name in CHANGES_THE_CURVE},
+                "device": accelerator.device.type, "torch": torch.__version__,
+                "files": {str(f.relative_to(partial)): [f.stat().st_size, _digest(f)]
+                          for f in sorted(partial.rglob("*")) if f.is_file()},
+            }
+            (partial / LOOP_FILE).write_text(json.dumps(record, indent=1))
+            if path.exists():
+                raise CheckpointError(f"{str(path)!r} appeared while this run was saving: another run saves into "
+                                      f"{str(root)!r}; give each run its own save_state_dir")
+            os.rename(partial, path)
+    except OSError as error:
+        if main:
+            shutil.rmtree(partial, ignore_errors=True)
+        done = _steps(root)
+        kept = f"the last complete save is {done[-1].name}" if done else "no complete save is there"
+        raise CheckpointError(f"saving step {state.step} to {str(path)!r} failed ({type(error).__name__}: "
+                              f"{error.strerror or error}); {kept}; free space or pass another save_state_dir (the result so "
+                              "far is workbench.last_result())") from error
     accelerator.wait_for_everyone()  # the folder is complete before anyone reads it
     return path
 
 
-def restore(accelerator: Any, cfg: RunConfig, state: Any, loader: Any) -> Path:
-    """Load a saved run into this one (after accelerator.prepare); checks it fits first."""
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """A checkpoint checked whole and fitting this run, before anything is built (`check`)."""
+
+    path: Path
+    record: dict[str, Any]
+    notes: list[str]
+    """Where the resume cannot be exact (a changed max_grad_norm, another device): the run's warnings."""
+
+    @property
+    def step(self) -> int:
+        return self.record["loop"]["step"]
+
+
+def check(accelerator: Any, cfg: RunConfig, state: Any) -> Checkpoint:
+    """The checkpoint `cfg.resume_from` names, checked before any data or model is loaded:
+    it fits this run, and every file is there, whole and unchanged (a damaged or missing
+    one is a ConfigError naming it). The run takes the checkpoint's run id."""
     path = find(cfg.resume_from)
-    record = json.loads((path / LOOP_FILE).read_text())
+    record = _read_record(path)
     saved = record["config"]
     for name in MUST_MATCH:
         mine = getattr(cfg, name)
@@ -136,17 +365,37 @@ def restore(accelerator: Any, cfg: RunConfig, state: Any, loader: Any) -> Path:
     if loop["step"] >= cfg.steps:
         raise ConfigError(f"resume_from={str(path)!r} is at step {loop['step']} already; "
                           f"pass steps > {loop['step']}")
-    accelerator.load_state(str(path))
-    for name, value in loop.items():
-        setattr(state, name, value)
+    _verify_files(path, record, accelerator.process_index)
+    notes = _rng_notes(path, accelerator.process_index) + _inexact_notes(cfg, record, accelerator.device.type)
     data = record["data"]
+    try:
+        _decode(data["shuffle_state"]), int(data["epoch"]), int(data["batches_in_epoch"])
+    except (KeyError, TypeError, ValueError) as error:
+        raise _damaged(path, LOOP_FILE, f"has a damaged data position ({type(error).__name__})") from None
+    state.run_id = record.get("run_id", "legacy")
+    return Checkpoint(path, record, notes)
+
+
+def restore(accelerator: Any, checkpoint: Checkpoint, state: Any, loader: Any) -> None:
+    """Load a checked checkpoint into this run (after accelerator.prepare): model, optimizer,
+    scaler, RNGs (accelerate), then the loop's history and the data position."""
+    path, record = checkpoint.path, checkpoint.record
+    loop, data = record["loop"], record["data"]
+    try:
+        accelerator.load_state(str(path))
+    except Exception as error:  # a checkpoint written before files were recorded: name the folder
+        first = (str(error).strip().splitlines() or [""])[0]
+        raise ConfigError(f"resume_from={str(path)!r} could not be loaded ({type(error).__name__}: {first}); "
+                          f"{_instead(path)}") from None
+    for name in LOOP_FIELDS:
+        if name in loop:
+            setattr(state, name, loop[name])
     position = state.data_position
-    position.epoch, position.batches_in_epoch = data["epoch"], data["batches_in_epoch"]
+    position.epoch, position.batches_in_epoch = int(data["epoch"]), int(data["batches_in_epoch"])
     position.shuffle_state = _decode(data["shuffle_state"])
     generator = _shuffle_generator(loader)
     if generator is not None and position.shuffle_state is not None:
         generator.set_state(position.shuffle_state)  # the shuffle as the saved epoch began
-    return path
 
 
 def _encode(tensor: torch.Tensor | None) -> str | None:
@@ -156,4 +405,4 @@ def _encode(tensor: torch.Tensor | None) -> str | None:
 def _decode(text: str | None) -> torch.Tensor | None:
     if text is None:
         return None
-    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8).clone()
+    return torch.frombuffer(bytearray(base64.b64decode(text, validate=True)), dtype=torch.uint8).clone()

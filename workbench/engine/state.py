@@ -7,6 +7,8 @@ excluded) plus the exact byte counts; `evaluate` scores the trained model.
 
 from __future__ import annotations
 
+import math
+import uuid
 from typing import Any
 
 import torch
@@ -20,7 +22,7 @@ from workbench.measure.counters import (
     optimizer_state_bytes,
     parameter_bytes,
 )
-from workbench.measure.meters import IntervalMeter, MemoryMeter, mfu
+from workbench.measure.meters import LOSS_WINDOW_SLOTS, IntervalMeter, MemoryMeter, mfu
 from workbench.measure.result import MemoryBreakdown, RunResult
 
 
@@ -42,6 +44,77 @@ class LoopState:
         self.skipped_steps = 0
         self.loss_scales: list[float] = []
         self.timing: IntervalMeter | None = None
+        self.run_id = uuid.uuid4().hex[:12]
+        """Names this run's checkpoints: a resumed run takes the id it saved, and a run never
+        saves into a folder that holds another run's steps."""
+
+
+class LossWindow:
+    """The micro-batch losses since the last log step, held on the device: adding one copies
+    it into a slot (one tiny kernel, no sync, no reference to the loss kept). `close()` (at the
+    log step, where the loop syncs anyway) gives the window's mean and, when a loss was not
+    finite, where the first one was.
+
+    Its memory is constant: `slots` floats plus three running figures, allocated once. A window
+    longer than the slots folds them into the running figures (finite sum, finite count, first
+    non-finite position) on the device, so the first non-finite position stays exact. Constant,
+    because the estimate replays the step and must find the same live bytes at every step of
+    every interval (a list of held losses would grow by a tensor each micro-batch).
+
+    Example:
+        >>> window = LossWindow(torch.device("cpu"), slots=2)
+        >>> for x in (1.0, 3.0, float("nan"), 5.0):
+        ...     window.add(torch.tensor(x))
+        >>> window.close()  # mean of 1, 3 and 5; 3 finite; the third (index 2) was not
+        (3.0, 3, 2)
+    """
+
+    def __init__(self, device: torch.device, *, slots: int = LOSS_WINDOW_SLOTS) -> None:
+        self.device = device
+        self._slots = torch.zeros(slots, device=device)
+        self._running = torch.tensor([0.0, 0.0, math.inf], device=device)  # finite sum, count, first bad
+        self._filled = 0  # slots holding this window's latest losses
+        self._folded = 0  # losses already folded into _running
+
+    def add(self, loss: torch.Tensor) -> None:
+        if self._filled == len(self._slots):
+            self._fold()
+        self._slots[self._filled] = loss.detach()
+        self._filled += 1
+
+    def _stats(self) -> torch.Tensor:
+        """[sum of the finite losses, how many, index of the first non-finite (inf: none)], the
+        running figures included."""
+        losses = self._slots[: self._filled]
+        finite = torch.isfinite(losses)
+        positions = torch.arange(self._filled, device=self.device, dtype=torch.float32) + self._folded
+        mine = torch.stack([torch.where(finite, losses, 0.0).sum(), finite.sum().float(),
+                            torch.where(finite, math.inf, positions).min()])
+        return torch.stack([mine[0] + self._running[0], mine[1] + self._running[1],
+                            torch.minimum(mine[2], self._running[2])])
+
+    def _fold(self) -> None:
+        self._running.copy_(self._stats())
+        self._folded += self._filled
+        self._filled = 0
+
+    def close(self, gather: Any = None) -> tuple[float, int, int | None]:
+        """(mean loss, finite micro-batches, index of the first non-finite one or None) over
+        the window, which then starts afresh. The mean is of the finite losses (nan if none).
+        One device sync. `gather` (accelerator.gather) joins every process's figures first, so
+        all processes see the same numbers and stop, or go on, together."""
+        count = self._folded + self._filled
+        if count == 0:
+            return float("nan"), 0, None
+        stats = self._stats()
+        rows = (stats if gather is None else gather(stats)).view(-1, 3).tolist()  # the sync
+        self._running[:2].zero_()
+        self._running[2].fill_(math.inf)
+        self._filled = self._folded = 0
+        finite_rows = [row for row in rows if row[1]]
+        mean = sum(r[0] / r[1] for r in finite_rows) / len(finite_rows) if finite_rows else float("nan")
+        first_bad = min(row[2] for row in rows)
+        return mean, int(sum(row[1] for row in rows)), None if first_bad == float("inf") else int(first_bad)
 
 
 def build_result(*, cfg: RunConfig, name: str, status: str, message: str, state: LoopState, model: Any,
@@ -53,7 +126,7 @@ def build_result(*, cfg: RunConfig, name: str, status: str, message: str, state:
     timing = state.timing
     rates = timing.run_rates(flops_per_step=state.flops_per_step, text=text) if timing else None
     peak_bytes = meter.peak_bytes()
-    memory = MemoryBreakdown(
+    memory = None if model is None or optimizer is None else MemoryBreakdown(
         parameter_bytes=parameter_bytes(model),
         gradient_bytes=gradient_bytes(model, expected=True),
         optimizer_state_bytes=optimizer_state_bytes(optimizer),

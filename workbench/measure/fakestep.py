@@ -47,6 +47,7 @@ from torch.overrides import TorchFunctionMode
 
 from workbench.core.precisions import AUTOCAST_DTYPES
 from workbench.measure.live import CUDA_BLOCK_BYTES, LiveTensors
+from workbench.measure.meters import LOSS_WINDOW_SLOTS
 
 __all__ = ["CUDA_FP32_OPS", "Mark", "ModelState", "Simulation", "StepOps", "cublas_workspace_bytes", "model_state",
            "simulate"]
@@ -363,9 +364,10 @@ def _replay(model_name: str, spec_key: tuple, dims: tuple, precision: str, check
                 loss = torch.zeros(())
                 batch_now = _inputs(task, spec_key[1], batch)
                 ahead = _inputs(task, spec_key[1], batch) if device == "cpu" else None
-                # The loop's running loss and last logged loss; fp16's GradScaler keeps its scale,
-                # its growth tracker and the last step's found-inf flag: scalars, but live too.
-                scalars = [torch.zeros(()) for _ in range(2)]
+                # The loop's loss window (its slots and three running figures, for the whole run);
+                # fp16's GradScaler keeps its scale, its growth tracker and the last step's
+                # found-inf flag: scalars, but live too.
+                scalars = [torch.zeros(LOSS_WINDOW_SLOTS), torch.zeros(3)]
                 scale = None
                 if precision == "fp16":
                     scale = torch.ones(())

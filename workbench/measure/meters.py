@@ -44,6 +44,12 @@ class Throughput:
         )
 
 
+# The loop keeps its losses since the last log step in this many device-side slots (and three
+# running figures) for the whole run: constant memory, so the estimate's replay of a step
+# (measure/fakestep.py) finds the same live bytes at every step (engine/state.LossWindow).
+LOSS_WINDOW_SLOTS = 64
+
+
 class IntervalMeter:
     """The loop's timing bookkeeping between log steps, and the run's timed totals. Pure:
     the caller passes every clock reading, so tests feed hand-picked numbers.

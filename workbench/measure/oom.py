@@ -31,29 +31,35 @@ import torch
 
 from workbench.core.report import Report
 
-__all__ = ["OOMReport", "parse_oom", "parse_size", "format_size", "oom_message", "check_budget"]
+__all__ = ["OOMReport", "parse_oom", "parse_size", "format_size", "oom_message", "check_budget",
+           "is_out_of_memory", "describe_out_of_memory"]
 
 _UNITS = {"bytes": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
           "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
-_SIZE = r"(\d+(?:\.\d+)?\s*(?:bytes|[KMGT]i?B|B))"
+# Every pattern starts where a run of digits or letters starts ((?<!...) look-behinds), so a
+# search is linear in the text: measured, the old `(\w+\s+)?out of memory` took 26 s on a
+# 40,000-letter string (each start position re-read the whole run). A real message is a few
+# KB; parse_oom reads at most _MAX_CHARS of it.
+_SIZE = r"((?<![\d.])\d{1,30}(?:\.\d{1,30})?\s{0,4}(?:bytes|[KMGT]i?B|B))"
 _FLAGS = re.IGNORECASE | re.DOTALL
-_HEAD = re.compile(r"(\w+\s+)?out of memory\.?\s*Tried to allocate " + _SIZE, _FLAGS)
+_HEAD = re.compile(r"out of memory\.?\s{0,4}Tried to allocate " + _SIZE, _FLAGS)
+_MAX_CHARS = 20_000
 # torch < 2.1: "(GPU 0; 40.00 GiB total capacity; 32.54 GiB already allocated; 1.25 GiB free; 34.00 GiB reserved ...)"
-_OLD = re.compile(r"\((GPU \d+|\w+ \w+);\s*" + _SIZE + r" total capacity;\s*" + _SIZE + r" already allocated;\s*"
-                  + _SIZE + r" free;\s*(?:" + _SIZE + r" reserved)?", _FLAGS)
+_OLD = re.compile(r"\((GPU \d{1,6}|\w{1,40} \w{1,40});\s{0,4}" + _SIZE + r" total capacity;\s{0,4}" + _SIZE
+                  + r" already allocated;\s{0,4}" + _SIZE + r" free;\s{0,4}(?:" + _SIZE + r" reserved)?", _FLAGS)
 # torch >= 2.1: "GPU 0 has a total capacity of 14.57 GiB of which 1.58 GiB is free."
-_NEW = re.compile(r"((?:GPU|Device|MLU) \w+) has a total capac\w* of " + _SIZE + r" of which " + _SIZE
-                  + r"\s*is free", _FLAGS)
+_NEW = re.compile(r"((?:GPU|Device|MLU) \w{1,40}) has a total capac\w{0,10} of " + _SIZE + r" of which " + _SIZE
+                  + r"\s{0,4}is free", _FLAGS)
 _NEW_ALLOCATED = re.compile(r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch", _FLAGS)
 _NEW_UNALLOCATED = re.compile(r"and " + _SIZE + r" is reserved by PyTorch but unallocated", _FLAGS)
 
 
 def parse_size(text: str) -> int:
     """'2.34 GiB' -> bytes (binary units as PyTorch prints them; '512 bytes' too)."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]+)\s*", text)
+    match = re.fullmatch(r"\s*(\d{1,30}(?:\.\d{1,30})?)\s*([A-Za-z]+)\s*", text) if len(text) < 100 else None
     if not match or match.group(2).lower() not in _UNITS:
-        raise ValueError(f"size {text!r} is not a size like '2.34 GiB'; "
-                         f"use a number and one of bytes, KiB, MiB, GiB, TiB")
+        raise ValueError(f"size {text[:40]!r} is not a size like '2.34 GiB'; "
+                         f"use a number (at most 30 digits) and one of bytes, KiB, MiB, GiB, TiB")
     return round(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 
@@ -121,12 +127,13 @@ def parse_oom(text: str) -> OOMReport:
     """
     if not isinstance(text, str):
         raise ValueError(f"parse_oom needs the error message as text, got {type(text).__name__}; pass str(error)")
+    text = text[:_MAX_CHARS]  # a real message is a few KB; bounds the time on anything else
     head = _HEAD.search(text)
     if head is None:
-        preview = " ".join(text.split())[:60]
+        preview = " ".join(text[:200].split())[:60]
         raise ValueError(f"not an out-of-memory message (no 'out of memory. Tried to allocate <size>'): {preview!r}; "
                          f"pass the text of a torch.OutOfMemoryError")
-    requested = parse_size(head.group(2))
+    requested = parse_size(head.group(1))
     simulated = "simulated" in text.lower()
     if old := _OLD.search(text, head.end()):
         device, total, allocated, free, reserved = old.groups()
@@ -162,6 +169,11 @@ def check_budget(budget_bytes: int, *, model_state_bytes: int, activation_bytes:
     Example:
         >>> check_budget(10 * 2**20, model_state_bytes=4 * 2**20, activation_bytes=2**20)  # fits: no error
     """
+    for name, value in (("budget_bytes", budget_bytes), ("model_state_bytes", model_state_bytes),
+                        ("activation_bytes", activation_bytes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "budget_bytes" else 0):
+            raise ValueError(f"{name}={value!r} must be a whole number of bytes"
+                             f"{' >= 1' if name == 'budget_bytes' else ' >= 0'}; pass e.g. {name}=64 * 2**20")
     if model_state_bytes + activation_bytes <= budget_bytes:
         return
     free = max(0, budget_bytes - model_state_bytes)
@@ -171,3 +183,39 @@ def check_budget(budget_bytes: int, *, model_state_bytes: int, activation_bytes:
     raise torch.OutOfMemoryError(oom_message(requested=activation_bytes if free else model_state_bytes - allocated
                                              + activation_bytes, total=budget_bytes, free=free, allocated=allocated,
                                              reserved=allocated, device="Device cpu", kind="Simulated CPU", note=note))
+
+
+# How allocators say they ran out, when they do not raise torch.OutOfMemoryError: c10's CPU
+# allocator ("DefaultCPUAllocator: can't allocate memory: you tried to allocate 10000000000
+# bytes. Error code 12 (Cannot allocate memory)", a RuntimeError), and older CUDA builds.
+_CPU_OOM = re.compile(r"can't allocate memory: you tried to allocate (\d{1,30}) bytes")
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """True for an allocation that failed: torch.OutOfMemoryError, MemoryError, or the
+    RuntimeError c10's CPU allocator raises (measured: a CPU run that runs out gets that)."""
+    if isinstance(error, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    text = str(error)[:_MAX_CHARS]
+    return isinstance(error, RuntimeError) and (_CPU_OOM.search(text) is not None or "out of memory" in text)
+
+
+def describe_out_of_memory(error: BaseException) -> str:
+    """One line for a RunResult: the allocator's first line, or for the CPU allocator what it
+    tried to allocate and what to change.
+
+    Example:
+        >>> describe_out_of_memory(RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: "
+        ...     "can't allocate memory: you tried to allocate 10000000000 bytes. Error code 12"))
+        'CPU out of memory. Tried to allocate 9.31 GiB (DefaultCPUAllocator); lower batch_size, seq_len or dims'
+    """
+    text = str(error)[:_MAX_CHARS]
+    if match := _CPU_OOM.search(text):
+        # Worded as CUDA's ("... out of memory. Tried to allocate ..."), which tools already read
+        # (accelerate's find_executable_batch_size shrinks the batch on " out of memory.").
+        return (f"CPU out of memory. Tried to allocate {format_size(int(match.group(1)))} (DefaultCPUAllocator); "
+                "lower batch_size, seq_len or dims")
+    if isinstance(error, MemoryError):
+        return "CPU out of memory. Python could not allocate (MemoryError); lower batch_size, seq_len or dims"
+    lines = text.strip().splitlines()
+    return lines[0] if lines else type(error).__name__

@@ -86,7 +86,10 @@ class RunEnd:
 
     run_name: str
     status: str
-    """'ok', 'failed', 'interrupted' or 'oom'."""
+    """'ok'; 'oom' (out of memory: a real allocation failure or the simulated budget);
+    'diverged' (the loss stopped being finite: the message names the step); 'interrupted'
+    (Ctrl-C); 'failed' (an error, raised to the caller too). Views treat any status but
+    'ok' and 'interrupted' as a failure, so a status added later still shows as one."""
     steps_done: int
     message: str = ""
     """What happened, in one line (empty when status is 'ok')."""

@@ -63,7 +63,10 @@ class RunResult:
     config: RunConfig | LoopDescription
     """The resolved config: every value the run used (a monitored hand-written loop: its description)."""
     status: str
-    """'ok', 'failed', 'interrupted' or 'oom'."""
+    """'ok'; 'oom' (out of memory: a real allocation failure or the simulated budget);
+    'diverged' (the loss stopped being finite: the message names the step); 'interrupted'
+    (Ctrl-C); 'failed' (an error, raised to the caller too). Views treat any status but
+    'ok' and 'interrupted' as a failure, so a status added later still shows as one."""
     message: str
     steps_done: int
     loss_steps: list[int]

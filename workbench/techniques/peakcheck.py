@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 import torch
 
+from workbench.core import hardware
 from workbench.core.config import RunConfig
 from workbench.measure.live import CUDA_BLOCK_BYTES, LiveTensors
 from workbench.measure.records import RunEnd, RunStart, StepRecord
@@ -78,6 +79,10 @@ def measure_step_peak(config: RunConfig, *, steps: int = 3) -> StepPeaks:
         raise ValueError(f"steps={steps} must be at least 2: the first step creates the optimizer state")
     cfg = dataclasses.replace(config.resolved(), steps=steps, log_every=1, eval_samples=0, epochs=None)
     load_data(cfg.data, seq_len=cfg.seq_len or 128, max_test=None, seed=cfg.seed)  # cached: run() reuses it
+    # The hardware probes run() makes once per process (a timed matmul for the peak FLOP/s):
+    # made here, outside the tracking, so the first run in a process is measured like any other
+    # (inside it, the tracker kept the probe's 2 MiB on its books for the whole run).
+    hardware.peak_flops(hardware.resolve_device(cfg.device), cfg.precision)
     cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     live = LiveTensors(round_to=CUDA_BLOCK_BYTES if cuda else 1)
     sink = _PeakPerStep(live, cuda)

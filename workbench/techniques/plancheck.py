@@ -73,6 +73,7 @@ def search_micro_batch(config: RunConfig, *, start: int, reduce: Callable[[int],
     from accelerate.utils import find_executable_batch_size
 
     from workbench.engine.train import run
+    from workbench.measure.fit import DoesNotFit
 
     runner = runner or run
     tries: list[tuple[int, str]] = []
@@ -84,7 +85,11 @@ def search_micro_batch(config: RunConfig, *, start: int, reduce: Callable[[int],
 
     @find_executable_batch_size(starting_batch_size=start, reduce_batch_size_fn=shrink_batch)
     def attempt(batch_size: int) -> int:
-        result = runner(dataclasses.replace(base, batch_size=batch_size), sinks=[], name=f"try b{batch_size}")
+        try:
+            result = runner(dataclasses.replace(base, batch_size=batch_size), sinks=[], name=f"try b{batch_size}")
+        except DoesNotFit as error:  # refused before allocating: its estimate exceeds this machine's memory
+            tries.append((batch_size, "oom"))
+            raise torch.OutOfMemoryError(f"Predicted out of memory. {error}") from None  # read by accelerate
         tries.append((batch_size, result.status))
         if result.status == "oom":
             raise torch.OutOfMemoryError(result.message)

@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from workbench.core.config import ConfigError, RunConfig
+from workbench.core.optim import OPTIMIZERS
 from workbench.core.report import Report, format_bytes
 from workbench.measure.estimate import Estimate, estimate
 
@@ -83,8 +85,9 @@ class Target:
         key = gpu_spec_key(name)
         if key is None:
             raise ValueError(f"GPU {name!r} is not in hardware.GPU_SPECS; use one of {sorted(GPU_SPECS)}")
-        if memory_bytes < 1 or not 0 <= headroom < 1:
-            raise ValueError(f"memory_bytes={memory_bytes} must be positive and headroom={headroom} in [0, 1)")
+        if not _whole(memory_bytes) or memory_bytes < 1 or not (isinstance(headroom, (int, float)) and 0 <= headroom < 1):
+            raise ValueError(f"memory_bytes={memory_bytes!r} must be a whole number of bytes >= 1 and "
+                             f"headroom={headroom!r} in [0, 1); pass e.g. memory_bytes=40 * 2**30")
         tf32 = tf32_enabled() if tf32 is None else tf32
         speed = _roofline(key, tf32=tf32)
         peaks = dict(speed.peaks)
@@ -110,8 +113,9 @@ class Target:
         )
         from workbench.techniques.speed import MeasuredHere
 
-        if memory_budget_bytes < 1:
-            raise ValueError(f"memory_budget_bytes={memory_budget_bytes} must be positive; pass e.g. 16 * 2**20")
+        if not _whole(memory_budget_bytes) or memory_budget_bytes < 1:
+            raise ValueError(f"memory_budget_bytes={memory_budget_bytes!r} must be a whole number of bytes >= 1; "
+                             "pass e.g. 16 * 2**20")
         device = resolve_device("auto")
         usable = [p for p in precisions if precision_support(device, p) != "unsupported"]
         if not usable:
@@ -244,8 +248,19 @@ class Plans(Report):
         return len(self.plans)
 
 
+# Beyond this a plan is not a training run (the largest batches published are ~4M tokens,
+# thousands of sequences); it also bounds the divisor search below.
+_MAX_EFFECTIVE_BATCH = 2**20
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of n, found up to its square root (n up to 2**20: ~1,000 trials)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
 
 
 def _cost(p: RunConfig, est: Estimate, base: RunConfig, base_est: Estimate) -> str:
@@ -301,9 +316,10 @@ def plan(config: RunConfig, *, target: Target, effective_batch: int | None = Non
             communication; the cost column says what each plan gives up.)
     """
     base = config.resolved()
-    eff = effective_batch or base.batch_size * base.grad_accum_steps
-    if eff < 1:
-        raise ValueError(f"effective_batch={eff} must be at least 1; pass e.g. effective_batch=32")
+    eff = base.batch_size * base.grad_accum_steps if effective_batch is None else effective_batch
+    if not _whole(eff) or not 1 <= eff <= _MAX_EFFECTIVE_BATCH:
+        raise ValueError(f"effective_batch={eff!r} must be a whole number from 1 to {_MAX_EFFECTIVE_BATCH:,}; "
+                         f"pass e.g. effective_batch=32 (None: the config's batch_size x grad_accum_steps)")
     precisions = list(precisions or target.peak_flops)
     if bad := [p for p in precisions if p not in target.peak_flops]:
         raise ValueError(f"precisions {bad} cannot run on {target.name}; use some of {list(target.peak_flops)}")
@@ -311,12 +327,16 @@ def plan(config: RunConfig, *, target: Target, effective_batch: int | None = Non
     if base.model != "gpt" and set(checkpointing) != {"none"}:
         raise ValueError(f"checkpointing {checkpointing} needs a model with blocks; model={base.model!r} "
                          f"takes checkpointing=('none',)")
+    if bad := [c for c in checkpointing if c not in ("none", "every_other", "all")]:
+        raise ValueError(f"checkpointing {bad} is not known; use some of 'none', 'every_other', 'all'")
     optimizers = list(optimizers or (base.optimizer,))
+    if bad := [o for o in optimizers if o not in OPTIMIZERS]:
+        raise ValueError(f"optimizers {bad} are not known; use some of {list(OPTIMIZERS)}")
     trainables = [dict(t) for t in (trainable or ({},))]
     shardings = list(sharding or (base.sharding,))
     micro = sorted(set(micro_batches or _divisors(eff)))
-    if bad := [m for m in micro if m < 1 or eff % m]:
-        raise ValueError(f"micro_batches {bad} do not divide effective_batch={eff}; use divisors of it")
+    if bad := [m for m in micro if not _whole(m) or m < 1 or eff % m]:
+        raise ValueError(f"micro_batches {bad} do not divide effective_batch={eff}; use whole divisors of it")
 
     def make(**changes: Any) -> tuple[RunConfig, Estimate]:
         cfg = dataclasses.replace(base, epochs=None, **changes)

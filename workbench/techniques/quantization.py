@@ -140,6 +140,13 @@ def static_int8(model: nn.Module, calibration: Iterable[torch.Tensor] | torch.Te
     pt2e = import_torchao("torchao.quantization.pt2e.quantize_pt2e")
     x86 = import_torchao("torchao.quantization.pt2e.quantizer.x86_inductor_quantizer")
     quantized = _copy(model).cpu()
+    try:  # eagerly first: a wrong shape is one line here, not a trace from inside torch.export
+        with torch.no_grad():
+            quantized(batches[0][:1].cpu())
+    except (RuntimeError, TypeError, ValueError, IndexError) as error:
+        shape = tuple(batches[0].shape)
+        raise ValueError(f"calibration batches must be inputs the model takes: a batch of shape {shape} fails "
+                         f"({first_line(error)}); pass e.g. data.train.inputs[:64]") from None
     # Export with a batch of 2: a batch of 1 would let export specialise the batch size to 1.
     example = batches[0][:1].expand(2, *batches[0].shape[1:])
     batch = torch.export.Dim("batch", min=1)

@@ -71,6 +71,8 @@ class TextSink:
         self._print(" | ".join(parts))
 
     def end(self, record: RunEnd) -> None:
+        """'ok' as done; every other status (oom, diverged, interrupted, failed, or one added
+        later) as that status, the steps done and the message, which says what to change."""
         if record.status == "ok":
             line = f"[{record.run_name}] done: {record.steps_done} steps"
         else:

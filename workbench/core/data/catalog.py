@@ -53,7 +53,7 @@ class DatasetInfo:
 
 def _lm_sizes(seq_len: int) -> tuple[int, int]:
     windows = _RT_TEXT_BYTES // (seq_len + 1)
-    test = max(1, windows // LM_TEST_FRACTION)
+    test = min(windows, max(1, windows // LM_TEST_FRACTION))  # never a negative training size
     return windows - test, test
 
 

@@ -1,0 +1,748 @@
+"""Hostile inputs and faults: each gets a clear answer, and nothing the user had is lost.
+
+Every case asserts its exact outcome: a one-line error that names the field or file and
+the fix, or a clear run status ('diverged', 'oom', 'interrupted'). What could take memory
+runs under an address-space limit (RLIMIT_AS, lifted after), so a regression fails its
+test with an allocation error instead of the OS killing the test run or its neighbours.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import json
+import math
+import os
+import re
+import resource
+import signal
+import time
+
+import pytest
+import torch
+
+import workbench as wb
+from workbench import ConfigError, RunConfig
+from workbench.core import limits
+from workbench.engine import resume, train
+from workbench.engine.launch import launch
+from workbench.engine.train import RunInterrupted, run
+from workbench.measure.oom import (
+    check_budget,
+    describe_out_of_memory,
+    is_out_of_memory,
+    parse_oom,
+    parse_size,
+)
+from workbench.measure.records import RunEnd
+from workbench.techniques.planning import Target, plan
+from workbench.views.sinks import RecordingSink, TextSink
+
+# digits: 1,437 training images; 44 batches of 32 an epoch. A step takes about a millisecond.
+TINY = dict(model="mlp", data="digits", batch_size=32, steps=8, log_every=4, dims={"hidden": (16,)}, eval_samples=0)
+GPT = dict(model="gpt", data="rotten_tomatoes_lm", dims={"n_layer": 1, "n_head": 2, "d_model": 16}, batch_size=4, seq_len=16, eval_samples=0)
+# What could allocate gigabytes runs under an address-space limit: this much beyond what the
+# process has mapped. A regression then fails its allocation (an error) instead of taking
+# the machine's memory until the OS kills a process.
+ROOM_BYTES = 1536 * 2**20
+
+
+def _config_error(**kwargs) -> str:
+    with pytest.raises(ConfigError) as info:
+        RunConfig(**{**TINY, **kwargs}).resolved()
+    message = str(info.value)
+    assert "\n" not in message, "errors are one line"
+    return message
+
+
+def _run_error(config: RunConfig, error: type[BaseException] = ConfigError, **kwargs) -> str:
+    with pytest.raises(error) as info:
+        run(config, **kwargs)
+    message = str(info.value)
+    assert "\n" not in message, "errors are one line"
+    return message
+
+
+# --- Training that diverges: refused up front, or stopped with the step --------------------
+
+@pytest.mark.parametrize("changes, message", [
+    ({"weight_decay": math.inf}, "weight_decay=inf must be a finite number >= 0; pass e.g. weight_decay=0.01"),
+    ({"weight_decay": math.nan}, "weight_decay=nan must be a finite number >= 0; pass e.g. weight_decay=0.01"),
+    ({"weight_decay": 1e6}, "weight_decay=1e+06 with lr=0.001 would zero or flip every weight each step "
+                            "(lr*weight_decay=1000 >= 1); pass weight_decay < 1000, e.g. 0.01"),
+    ({"lr": 1e30}, "lr=1e+30 is too large for optimizer='adamw': the first steps would diverge; pass lr <= 1, e.g. lr=1e-3"),
+    ({"lr": 1000.0, "optimizer": "adam"}, "lr=1000 is too large for optimizer='adam': the first steps would diverge; "
+                                          "pass lr <= 1, e.g. lr=1e-3"),
+    ({"lr": 50.0, "optimizer": "sgd"}, "lr=50 is too large for optimizer='sgd': the first steps would diverge; "
+                                       "pass lr <= 10, e.g. lr=1e-3"),
+    ({"lr": 10**400}, "lr=1e+400 must be a positive finite number; pass e.g. lr=1e-3"),
+    ({"max_grad_norm": math.inf}, "max_grad_norm=inf must be a positive finite number or None; pass e.g. max_grad_norm=1.0"),
+    ({"max_grad_norm": math.nan}, "max_grad_norm=nan must be a positive finite number or None; pass e.g. max_grad_norm=1.0"),
+    ({"steps": None, "epochs": math.inf}, "epochs=inf must be positive and finite; pass e.g. epochs=1"),
+    ({"seed": 2**70}, "seed=1180591620717411303424 is too large: torch takes seeds below 2**64; pass e.g. seed=0"),
+    ({"precision": "fp16", "grad_scaler": {"init_scale": math.inf}},
+     "grad_scaler['init_scale']=inf cannot work; pass a positive number such as 65536.0"),
+    ({"precision": "fp16", "grad_scaler": {"growth_factor": 10**400}},
+     f"grad_scaler['growth_factor']={10**400!r} cannot work; pass a number above 1 such as 2.0"),
+    ({"precision": "fp16", "grad_scaler": {None: 1.0, "x": 2.0}},
+     "grad_scaler keys ['x', None] are not GradScaler knobs; use init_scale, growth_factor, backoff_factor, growth_interval"),
+])
+def test_config_refuses_hyper_parameters_that_cannot_train(changes, message):
+    assert _config_error(**changes) == message
+
+
+def _poison_losses(monkeypatch, calls: range) -> None:
+    """Make the loss of the micro-batches numbered `calls` (from 1) NaN: a fault injected
+    where the loop computes it, as an overflowing forward would."""
+    count, real = itertools.count(1), train.loss_fn
+
+    def poisoned(logits, labels):
+        loss = real(logits, labels)
+        return loss * math.nan if next(count) in calls else loss
+
+    monkeypatch.setattr(train, "loss_fn", poisoned)
+
+
+def test_a_loss_that_turns_nan_stops_the_run_as_diverged_naming_the_step(monkeypatch):
+    _poison_losses(monkeypatch, range(6, 7))  # step 6 only: its update poisons every weight after
+    sink = RecordingSink()
+    result = run(RunConfig(**TINY), sinks=[sink], name="nan")
+    message = ("the loss became non-finite (nan or inf) at step 6; stopped at step 8, before the weights were saved; "
+               "lower lr (now 0.001) or pass max_grad_norm=1.0")
+    assert (result.status, result.message, result.steps_done) == ("diverged", message, 8)
+    assert result.loss_steps == [4] and all(math.isfinite(x) for x in result.losses)  # the curve before it
+    assert (sink.ends[-1].status, sink.ends[-1].message) == ("diverged", message)
+    assert wb.last_result() is result
+
+
+def test_divergence_inside_an_accumulation_window_names_the_optimizer_step(monkeypatch):
+    _poison_losses(monkeypatch, range(7, 8))  # micro-batch 7 of 2 per step: optimizer step 4
+    result = run(RunConfig(**{**TINY, "grad_accum_steps": 2}), sinks=[])
+    assert result.status == "diverged" and result.message.startswith("the loss became non-finite (nan or inf) at step 4;")
+
+
+def test_a_diverged_run_keeps_its_last_good_checkpoint_and_saves_no_nan_weights(monkeypatch, tmp_path):
+    _poison_losses(monkeypatch, range(6, 7))
+    result = run(RunConfig(**{**TINY, "steps": 12}, save_state_dir=tmp_path, save_every=4), sinks=[])
+    assert result.status == "diverged" and sorted(p.name for p in tmp_path.iterdir()) == ["step_000004"]
+
+
+def test_real_divergence_is_caught_at_the_step_the_loss_first_went_non_finite():
+    # SGD at lr=10 (the largest allowed) on a tiny GPT: the weights blow up within a few steps.
+    config = RunConfig(**GPT, optimizer="sgd", lr=10.0, steps=30, log_every=4)
+    coarse = run(config, sinks=[])
+    first = int(re.match(r"the loss became non-finite \(nan or inf\) at step (\d+); stopped at step (\d+),",
+                         coarse.message).group(1))
+    assert coarse.status == "diverged" and first <= coarse.steps_done < first + 4
+    fine = run(RunConfig(**{**GPT, "optimizer": "sgd", "lr": 10.0, "steps": 30, "log_every": 1}), sinks=[])
+    assert fine.status == "diverged" and fine.steps_done == first  # logging every step stops right there
+    assert coarse.message.endswith("; lower lr (now 10) or pass max_grad_norm=1.0")
+
+
+def test_an_fp16_step_the_grad_scaler_skips_is_not_divergence(monkeypatch):
+    _poison_losses(monkeypatch, range(3, 4))
+    result = run(RunConfig(**TINY, precision="fp16", device="cpu"), sinks=[])
+    assert result.status == "ok" and result.skipped_steps >= 1
+    assert all(math.isfinite(x) for x in result.losses)  # the skipped step's NaN is left out of the mean
+
+
+def test_fp16_that_never_computes_a_finite_loss_again_is_diverged(monkeypatch):
+    _poison_losses(monkeypatch, range(5, 10**6))
+    result = run(RunConfig(**TINY, precision="fp16", device="cpu"), sinks=[])
+    assert (result.status, result.message) == ("diverged", (
+        "every fp16 loss from step 5 was non-finite (the GradScaler cannot fix a forward overflow); stopped at step 8, "
+        "before the weights were saved; use precision='bf16' (fp32's range) or lower lr"))
+
+
+def test_one_process_diverging_stops_every_process_together(monkeypatch):
+    real = train.loss_fn
+    calls = []
+
+    def nan_on_rank_1(logits, labels):  # the forked children inherit it
+        import torch.distributed as dist
+
+        calls.append(1)
+        loss = real(logits, labels)
+        return loss * math.nan if dist.get_rank() == 1 and len(calls) == 3 else loss
+
+    monkeypatch.setattr(train, "loss_fn", nan_on_rank_1)
+    result = launch(RunConfig(**{**TINY, "batch_size": 16, "log_every": 2}), num_processes=2, sinks=[], timeout_s=120)
+    # Rank 0's loss was finite: it stops because the log step gathers every process's figures.
+    assert (result.status, result.loss_steps) == ("diverged", [2])
+    assert result.message.startswith("the loss became non-finite (nan or inf) at step 3; stopped at step 4,")
+
+
+def test_the_text_log_and_the_dashboard_show_a_new_status_as_a_failure():
+    lines = []
+    sink = TextSink(stream=None)
+    sink._print = lines.append
+    sink.end(RunEnd("r", "diverged", 8, message="the loss became non-finite (nan or inf) at step 6"))
+    assert lines == ["[r] diverged after 8 steps: the loss became non-finite (nan or inf) at step 6"]
+    pytest.importorskip("ipywidgets")
+    from workbench.views.dashboard import Dashboard
+
+    dash = Dashboard(auto_display=False)
+    dash.end(RunEnd("r", "some-status-added-later", 3, message="why"))
+    # a short status word in the failure colour; the message folded below it
+    assert dash.progress.bar_style == "danger" and "some-status-added-later" in dash.status.value
+    assert "why" in dash.details.value
+
+
+# --- Unbounded resources: bounds from the model, the data and this machine ------------------
+
+@pytest.mark.parametrize("changes, message", [
+    ({"dims": {"hidden": (-5,)}}, "dims['hidden']=(-5,) holds -5: widths are whole numbers >= 1; pass e.g. hidden=(256, 256)"),
+    ({"dims": {"hidden": (0,)}}, "dims['hidden']=(0,) holds 0: widths are whole numbers >= 1; pass e.g. hidden=(256, 256)"),
+    ({"dims": {"hidden": (2.5,)}}, "dims['hidden']=(2.5,) holds 2.5: widths are whole numbers >= 1; pass e.g. hidden=(256, 256)"),
+    ({"dims": {"hidden": "abc"}}, "dims['hidden']='abc' must be a list of layer widths; pass e.g. hidden=(256, 256)"),
+    ({"dims": {"hidden": 5}}, "dims['hidden']=5 must be a list of layer widths; pass e.g. hidden=(256, 256)"),
+    ({"dims": {"foo": 1}}, "dims ['foo'] do not apply to model='mlp'; it takes ['hidden']"),
+    ({"model": "cnn", "dims": {"channels": (0,)}},
+     "dims['channels']=(0,) holds 0: widths are whole numbers >= 1; pass e.g. channels=(8, 16)"),
+    ({"model": "cnn", "dims": {"channels": (4, 4, 4, 4)}},
+     "dims['channels'] has 4 blocks, but each halves the 8x8 images and 3 leave a pixel; pass at most 3 channels"),
+    ({**GPT, "dims": {"n_layer": -1}}, "dims['n_layer']=-1 must be a whole number >= 1; pass e.g. n_layer=4"),
+    ({**GPT, "dims": {"n_head": 0}}, "dims['n_head']=0 must be a whole number >= 1; pass e.g. n_head=4"),
+    ({**GPT, "dims": {"d_model": -8}}, "dims['d_model']=-8 must be a whole number >= 1; pass e.g. d_model=256"),
+    ({**GPT, "dims": {"d_model": 130, "n_head": 4}},
+     "dims['d_model']=130 must be divisible by dims['n_head']=4; pass d_model=132 or n_head=2"),
+    ({**GPT, "dims": {"dropout": 1.5}}, "dims['dropout']=1.5 must be a probability in [0, 1); pass e.g. dropout=0.1"),
+    ({"model": "minilm", "data": None, "dims": {"n_layer": 2}, "batch_size": 8},
+     "dims ['n_layer'] cannot resize model='minilm': it is pretrained, its size is fixed; drop dims, or use "
+     "model='gpt' to choose a size"),
+    ({"model": "minilm", "data": None, "dims": None, "seq_len": 1000, "batch_size": 8},
+     "seq_len=1000 is longer than model='minilm' can read (512 positions); pass seq_len <= 512"),
+    ({**GPT, "batch_size": 8, "seq_len": 10**7},
+     "seq_len=10000000 leaves fewer than batch_size=8 training windows in data='rotten_tomatoes_lm' (0); "
+     "pass seq_len <= 159504"),
+    ({**GPT, "seq_len": 1}, "seq_len=1 must be at least 2 for model='gpt'; pass e.g. seq_len=64"),
+    ({"num_workers": 2, "prefetch_factor": 10**9},
+     "prefetch_factor=1000000000 is more batches ahead than an epoch of 'digits' holds (44); pass prefetch_factor <= 44, e.g. 2"),
+    ({"data": ""}, "data='' names no data set; pass a name such as 'mnist' or 'hub:<name>', or None for the model's "
+                   "default"),
+    ({"data": "hub: "}, "data='hub: ' names no data set; pass a name such as 'mnist' or 'hub:<name>', or None for the "
+                        "model's default"),
+])
+def test_config_refuses_sizes_that_make_no_model_or_overrun_the_data(changes, message):
+    assert _config_error(**changes) == message
+
+
+def test_the_longest_seq_len_offered_still_fills_a_micro_batch():
+    longest = 159504  # from the message above
+    assert RunConfig(**{**GPT, "batch_size": 8, "seq_len": longest}).resolved().seq_len == longest
+    with pytest.raises(ConfigError, match="leaves fewer than batch_size=8"):
+        RunConfig(**{**GPT, "batch_size": 8, "seq_len": longest + 1})
+
+
+def test_worker_processes_are_bounded_by_the_cores():
+    cap = limits.max_workers()
+    assert cap == min(64, max(4, 2 * limits.usable_cores()))
+    assert _config_error(num_workers=10**6) == (
+        f"num_workers=1000000 is more worker processes than help here ({limits.usable_cores()} usable cores; "
+        f"at most {cap}); pass num_workers <= {cap}, e.g. num_workers=2")
+    assert RunConfig(**TINY, num_workers=cap).num_workers == cap
+
+
+@contextlib.contextmanager
+def address_space_limit(extra_bytes: int = ROOM_BYTES):
+    """This process may map only `extra_bytes` more (RLIMIT_AS, soft): an allocation beyond
+    fails with an error instead of the OS killing the process. The limit is lifted after."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    vm_size = int(next(line for line in open("/proc/self/status") if line.startswith("VmSize:")).split()[1]) * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (vm_size + extra_bytes, hard))
+    try:
+        yield vm_size + extra_bytes
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+_NEEDS = r"this run needs {about} {copies}[\d.]+ (MiB|GiB|TiB) of memory \({how}: model state [\d.]+ \w+, " \
+         r"buffers [\d.]+ \w+, activations [\d.]+ \w+\) but this machine has [\d.]+ \w+ free; {fix}"
+_FLOOR = {"about": "at least", "how": "closed-form floor"}
+
+
+def test_a_gpt_with_seq_len_100000_is_refused_before_allocating():
+    # Before: it built two 10 GB attention masks and the OS killed the process.
+    with address_space_limit():
+        message = _run_error(RunConfig(model="gpt", seq_len=100000, batch_size=8, steps=2), sinks=[])
+    assert re.fullmatch(_NEEDS.format(copies="", **_FLOOR,
+                                      fix=r"lower batch_size \(now 8\) or seq_len \(now 100000\), or pass "
+                                          r"activation_checkpointing='all'"), message), message
+    assert "TiB of memory" in message  # its floor alone: terabytes, found in microseconds
+
+
+def test_dims_whose_weights_alone_do_not_fit_are_refused_with_that_fix():
+    with address_space_limit():
+        message = _run_error(RunConfig(model="mlp", dims={"hidden": (100000, 100000)}, steps=2), sinks=[])
+    assert re.fullmatch(_NEEDS.format(copies="", **_FLOOR,
+                                      fix=r"use smaller dims, or optimizer='sgd' \(the parameters, gradients and "
+                                          r"optimizer state alone do not fit\)"), message), message
+
+
+def test_minilm_gets_a_bound_from_its_config_and_is_refused_before_loading():
+    with address_space_limit():
+        message = _run_error(RunConfig(model="minilm", seq_len=512, batch_size=11476, steps=1), sinks=[])
+    assert re.fullmatch(_NEEDS.format(copies="", **_FLOOR,
+                                      fix=r"lower batch_size \(now 11476\) or seq_len \(now 512\), or pass "
+                                          r"activation_checkpointing='all'"), message), message
+
+
+def test_launch_refuses_n_copies_that_do_not_fit_before_any_process_starts():
+    with address_space_limit(), pytest.raises(ConfigError) as info:
+        launch(RunConfig(model="gpt", seq_len=100000, batch_size=8, steps=2), num_processes=2, timeout_s=60)
+    assert re.fullmatch(_NEEDS.format(copies=r"2 processes x ", **_FLOOR,
+                                      fix=r"lower batch_size \(now 8\) or seq_len \(now 100000\), or pass "
+                                          r"activation_checkpointing='all'"), str(info.value)), str(info.value)
+
+
+def test_the_cli_refuses_it_in_one_line_with_exit_status_2(capsys):
+    from workbench.cli import main
+
+    with address_space_limit(), pytest.raises(SystemExit) as exit_info:
+        main(["--model", "gpt", "--seq-len", "100000", "--batch-size", "8"])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_info.value.code == 2 and last.startswith("python -m workbench: error: this run needs at least ")
+
+
+@pytest.mark.parametrize("model, batch, how", [("gpt", 8, r"estimate\(\) on fake tensors"),
+                                               ("minilm", 64, "bound from MiniLM's config.json")])
+def test_between_floor_and_limit_the_estimate_decides(monkeypatch, model, batch, how):
+    import workbench.measure.fit as fit
+
+    config = RunConfig(model=model, batch_size=batch).resolved()
+    floor, need = fit.floor_bytes(config).total, fit.need_bytes(config).total
+    assert floor < need  # the floor is a lower bound of the estimate
+    monkeypatch.setattr(fit, "free_bytes", lambda: (floor + need) // 2)
+    with pytest.raises(fit.DoesNotFit) as info:
+        fit.check_fits(config)
+    assert re.fullmatch(_NEEDS.format(about="about", copies="", how=how, fix=rf"lower batch_size \(now {batch}\) or seq_len "
+                                      r"\(now \d+\), or pass activation_checkpointing='all'"), str(info.value)), str(info.value)
+    monkeypatch.setattr(fit, "free_bytes", lambda: need)
+    fit.check_fits(config)  # exactly enough: it goes ahead
+
+
+def test_minilm_whose_weights_do_not_fit_is_told_its_size_is_fixed(monkeypatch):
+    import workbench.measure.fit as fit
+
+    monkeypatch.setattr(fit, "free_bytes", lambda: 100 * 2**20)  # less than MiniLM's 347 MiB of model state
+    with pytest.raises(fit.DoesNotFit) as info:
+        fit.check_fits(RunConfig(model="minilm", batch_size=1, seq_len=8))
+    assert str(info.value).endswith("; use model='gpt' with small dims (MiniLM's size is fixed), or optimizer='sgd' "
+                                    "(the parameters, gradients and optimizer state alone do not fit)")
+
+
+def test_free_memory_honours_the_address_space_limit():
+    from workbench.measure.fit import free_bytes
+
+    with address_space_limit() as limit:
+        vm_size = int(next(line for line in open("/proc/self/status") if line.startswith("VmSize:")).split()[1]) * 1024
+        assert 0 < free_bytes() <= limit - vm_size <= ROOM_BYTES
+
+
+def test_a_real_cpu_allocation_failure_ends_as_oom_and_the_process_goes_on(monkeypatch):
+    import workbench.measure.fit as fit
+
+    # The estimate switched off, the first layer's output (1,437 x 2**19 floats, 3 GB) does not
+    # fit the address space left: the allocator itself fails, at once.
+    monkeypatch.setattr(fit, "check_fits", lambda *args, **kwargs: None)
+    sink = RecordingSink()
+    with address_space_limit():
+        result = run(RunConfig(**{**TINY, "batch_size": 1437, "steps": 2, "dims": {"hidden": (2**19,)}}), sinks=[sink])
+    assert result.status == "oom" and sink.ends[-1].status == "oom"
+    assert re.fullmatch(r"CPU out of memory\. Tried to allocate [\d.]+ (MiB|GiB) \(DefaultCPUAllocator\); "
+                        r"lower batch_size, seq_len or dims", result.message), result.message
+    assert run(RunConfig(**TINY), sinks=[]).status == "ok"  # the process goes on
+
+
+def test_an_allocator_message_reads_as_out_of_memory_and_other_errors_do_not():
+    error = RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+                         "you tried to allocate 10000000000 bytes. Error code 12 (Cannot allocate memory)")
+    assert is_out_of_memory(error) and is_out_of_memory(MemoryError()) and not is_out_of_memory(RuntimeError("boom"))
+    assert describe_out_of_memory(error) == ("CPU out of memory. Tried to allocate 9.31 GiB (DefaultCPUAllocator); "
+                                             "lower batch_size, seq_len or dims")
+    # Worded so accelerate's batch-size search (plancheck) reads it as an out-of-memory too.
+    from accelerate.utils.memory import should_reduce_batch_size
+
+    assert should_reduce_batch_size(torch.OutOfMemoryError(describe_out_of_memory(error)))
+
+
+# --- Checkpoints: checked before step 1, never overwritten, damage named ---------------------
+
+def test_save_state_dir_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "f").write_text("x")
+    assert _config_error(save_state_dir=tmp_path / "f") == (
+        f"save_state_dir='{tmp_path / 'f'}' is a file, not a folder; pass a folder path such as 'checkpoints'")
+    assert _config_error(save_state_dir=tmp_path / "f" / "sub") == (
+        f"save_state_dir='{tmp_path / 'f' / 'sub'}' lies under the file '{tmp_path / 'f'}'; "
+        "pass a folder path such as 'checkpoints'")
+
+
+def test_a_folder_that_cannot_be_written_is_found_before_step_1():
+    sink = RecordingSink()
+    message = _run_error(RunConfig(**TINY, save_state_dir="/proc/workbench-test"), sinks=[sink])
+    assert message == ("save_state_dir='/proc/workbench-test' is not a folder this run can write (FileNotFoundError: "
+                       "No such file or directory); pass a folder you can write to")
+    assert sink.starts == [] and sink.steps == []  # refused before any training
+
+
+def test_a_second_run_never_overwrites_another_runs_checkpoints(tmp_path):
+    run(RunConfig(**TINY, save_state_dir=tmp_path), sinks=[])
+    saved = (tmp_path / "step_000008" / "model.safetensors").read_bytes()
+    message = _run_error(RunConfig(**{**TINY, "seed": 1}, save_state_dir=tmp_path), sinks=[])
+    assert message == (f"save_state_dir='{tmp_path}' holds another run's checkpoint (step_000008), which saving here "
+                       f"could overwrite; pass a new folder such as '{tmp_path / 'run-2'}', or resume_from='{tmp_path}' "
+                       "to continue that run")
+    assert (tmp_path / "step_000008" / "model.safetensors").read_bytes() == saved
+
+
+def test_a_resumed_run_saves_into_its_own_folder_but_never_over_a_later_step(tmp_path):
+    run(RunConfig(**TINY, save_state_dir=tmp_path), sinks=[])
+    more = run(RunConfig(**{**TINY, "steps": 12}, resume_from=tmp_path, save_state_dir=tmp_path), sinks=[])
+    assert more.status == "ok" and sorted(p.name for p in tmp_path.iterdir()) == ["step_000008", "step_000012"]
+    message = _run_error(RunConfig(**{**TINY, "steps": 16}, resume_from=tmp_path / "step_000008",
+                                   save_state_dir=tmp_path), sinks=[])
+    assert message == (f"save_state_dir='{tmp_path}' holds step_000012 of this run, later than step 8 resumed from, "
+                       "which saving would replace; resume from the latest save, or pass another save_state_dir")
+
+
+@pytest.fixture
+def saved(tmp_path):
+    """A run saved at steps 4 and 8; the test damages one file."""
+    run(RunConfig(**TINY, save_state_dir=tmp_path, save_every=4), sinks=[])
+    return tmp_path
+
+
+def _resume_error(folder) -> str:
+    return _run_error(RunConfig(**{**TINY, "steps": 12}, resume_from=folder), sinks=[])
+
+
+def _flip_a_byte(path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_a_truncated_model_file_is_named_with_the_earlier_save_to_use(saved):
+    model = saved / "step_000008" / "model.safetensors"
+    size = model.stat().st_size
+    model.write_bytes(model.read_bytes()[:100])
+    assert _resume_error(saved) == (
+        f"model.safetensors in '{saved / 'step_000008'}' is truncated or changed (100 bytes, saved {size:,}); "
+        f"resume from '{saved / 'step_000004'}' (the save before it), or start afresh without resume_from")
+
+
+def test_a_corrupt_optimizer_file_of_the_same_size_is_named(saved):
+    _flip_a_byte(saved / "step_000008" / "optimizer.bin")
+    assert _resume_error(saved) == (
+        f"optimizer.bin in '{saved / 'step_000008'}' is damaged (its SHA-256 differs from the one saved with it); "
+        f"resume from '{saved / 'step_000004'}' (the save before it), or start afresh without resume_from")
+
+
+def test_a_truncated_loop_state_file_is_named(saved):
+    loop = saved / "step_000004" / "workbench_loop.json"
+    loop.write_text(loop.read_text()[:50])
+    message = _resume_error(saved / "step_000004")
+    assert message.startswith(f"workbench_loop.json in '{saved / 'step_000004'}' cannot be read (JSONDecodeError: ")
+    assert message.endswith("); start afresh without resume_from (no earlier save is there)")
+
+
+def test_a_loop_state_file_of_the_wrong_shape_is_named(saved):
+    (saved / "step_000008" / "workbench_loop.json").write_text("[1, 2]")
+    # The damaged loop file also hides step 8 from "latest": name the folder itself.
+    assert _resume_error(saved / "step_000008") == (
+        f"workbench_loop.json in '{saved / 'step_000008'}' is damaged (its loop, data or config entries are missing or "
+        f"malformed); resume from '{saved / 'step_000004'}' (the save before it), or start afresh without resume_from")
+
+
+def test_a_corrupt_rng_file_is_an_error_not_a_silently_inexact_resume(saved):
+    _flip_a_byte(saved / "step_000008" / "random_states_0.pkl")
+    assert _resume_error(saved).startswith(f"random_states_0.pkl in '{saved / 'step_000008'}' is damaged (its SHA-256")
+
+
+def test_a_corrupt_rng_file_in_a_checkpoint_without_checksums_is_still_caught(saved):
+    folder = saved / "step_000008"
+    loop = json.loads((folder / "workbench_loop.json").read_text())
+    del loop["files"]  # as checkpoints written before sizes and digests were recorded
+    (folder / "workbench_loop.json").write_text(json.dumps(loop))
+    (folder / "random_states_0.pkl").write_bytes(b"not a pickle")
+    assert _resume_error(saved) == (
+        f"random_states_0.pkl in '{folder}' cannot be loaded (UnpicklingError); without it the resume cannot be exact; "
+        f"resume from '{saved / 'step_000004'}' (the save before it), or start afresh without resume_from")
+
+
+@pytest.mark.parametrize("name, why", [
+    ("random_states_0.pkl", "is missing: the RNG states, without which the resume cannot be exact"),
+    ("model.safetensors", "is missing"),
+])
+def test_a_missing_checkpoint_file_is_named(saved, name, why):
+    (saved / "step_000008" / name).unlink()
+    assert _resume_error(saved) == (f"{name} in '{saved / 'step_000008'}' {why}; resume from '{saved / 'step_000004'}' "
+                                    "(the save before it), or start afresh without resume_from")
+
+
+def test_a_resume_that_cannot_be_exact_says_so_in_its_warnings(saved):
+    sink = RecordingSink()
+    result = run(RunConfig(**{**TINY, "steps": 12}, resume_from=saved, max_grad_norm=1.0), sinks=[sink])
+    note = ("resume is not exact: saved with max_grad_norm=None, this run has max_grad_norm=1.0; the curve from "
+            "step 8 differs from an unbroken run's")
+    assert result.status == "ok" and note in result.warnings and note in sink.starts[0].warnings
+
+
+def test_an_exact_resume_has_no_such_warning(saved):
+    assert not [w for w in run(RunConfig(**{**TINY, "steps": 12}, resume_from=saved), sinks=[]).warnings
+                if "resume" in w]
+
+
+def test_a_save_that_fails_mid_run_names_the_last_good_one_and_keeps_the_result(tmp_path, monkeypatch):
+    import accelerate
+
+    real, calls = accelerate.Accelerator.save_state, []
+
+    def disk_full_at_the_second_save(self, path, *args, **kwargs):
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(accelerate.Accelerator, "save_state", disk_full_at_the_second_save)
+    sink = RecordingSink()
+    with pytest.raises(resume.CheckpointError) as info:
+        run(RunConfig(**{**TINY, "steps": 12}, save_state_dir=tmp_path, save_every=4), sinks=[sink])
+    assert str(info.value) == (f"saving step 8 to '{tmp_path / 'step_000008'}' failed (OSError: No space left on device); "
+                               "the last complete save is step_000004; free space or pass another save_state_dir (the result so far "
+                               "is workbench.last_result())")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000004"]  # no half-written step folder
+    kept = wb.last_result()
+    assert (kept.status, kept.steps_done, kept.loss_steps) == ("failed", 8, [4, 8])  # nothing trained is lost
+    assert sink.ends[-1].status == "failed"
+
+
+def test_a_folder_without_room_for_the_planned_saves_is_refused_before_step_1(tmp_path, monkeypatch):
+    import shutil
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(2**30, 2**30, 1000))
+    message = _run_error(RunConfig(**{**TINY, "steps": 12}, save_state_dir=tmp_path, save_every=4), sinks=[])
+    assert re.fullmatch(rf"save_state_dir='{re.escape(str(tmp_path))}' has 1000 B free, but this run saves 3 "
+                        r"checkpoint\(s\) of about [\d.]+ KiB; free some space, save less often \(save_every\), or pass "
+                        r"another folder", message), message
+
+
+def test_a_run_that_fails_keeps_its_partial_result():
+    class Boom:
+        def start(self, record): ...
+
+        def log(self, record):
+            if record.step >= 8:
+                raise RuntimeError("boom")
+
+        def end(self, record): ...
+
+    with pytest.raises(RuntimeError, match="^boom$"):
+        run(RunConfig(**{**TINY, "steps": 12}), sinks=[Boom()])
+    assert (wb.last_result().status, wb.last_result().loss_steps) == ("failed", [4, 8])
+
+
+# --- Ctrl-C while DataLoader workers start ---------------------------------------------------
+
+def test_ctrl_c_during_a_worker_fork_stops_the_run_instead_of_being_swallowed():
+    # A SIGINT handled inside a fork's at-fork hooks was printed as "Exception ignored" and
+    # lost, and the run went on to 'ok'. This hook sends it exactly there, once.
+    armed = [True]
+
+    def interrupt_in_the_fork():
+        if armed:
+            armed.clear()
+            os.kill(os.getpid(), signal.SIGINT)
+
+    os.register_at_fork(after_in_parent=interrupt_in_the_fork)
+    sink = RecordingSink()
+    try:
+        with pytest.raises(RunInterrupted) as stopped:
+            run(RunConfig(**TINY, num_workers=1), sinks=[sink])
+    finally:
+        armed.clear()
+    assert stopped.value.result.status == "interrupted" and sink.ends[-1].status == "interrupted"
+    assert run(RunConfig(**TINY, num_workers=1), sinks=[]).status == "ok"  # the workers were not left behind
+
+
+# --- The planner and the OOM reader ----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def target() -> Target:
+    return Target.this_machine(memory_budget_bytes=2**30)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"effective_batch": 0}, "effective_batch=0 must be a whole number from 1 to 1,048,576; pass e.g. "
+                             "effective_batch=32 (None: the config's batch_size x grad_accum_steps)"),
+    ({"effective_batch": 2.5}, "effective_batch=2.5 must be a whole number from 1 to 1,048,576; pass e.g. "
+                               "effective_batch=32 (None: the config's batch_size x grad_accum_steps)"),
+    ({"effective_batch": True}, "effective_batch=True must be a whole number from 1 to 1,048,576; pass e.g. "
+                                "effective_batch=32 (None: the config's batch_size x grad_accum_steps)"),
+    ({"effective_batch": 10**9}, "effective_batch=1000000000 must be a whole number from 1 to 1,048,576; pass e.g. "
+                                 "effective_batch=32 (None: the config's batch_size x grad_accum_steps)"),
+    ({"effective_batch": 8, "optimizers": ["lion"]}, "optimizers ['lion'] are not known; use some of "
+                                                     "['adamw', 'adam', 'sgd', 'adafactor', 'adamw8bit']"),
+    ({"effective_batch": 8, "micro_batches": [2.0]}, "micro_batches [2.0] do not divide effective_batch=8; "
+                                                     "use whole divisors of it"),
+])
+def test_plan_refuses_batches_and_choices_that_make_no_plan(target, kwargs, message):
+    with pytest.raises(ValueError) as info:
+        plan(RunConfig(model="mlp"), target=target, **kwargs)
+    assert str(info.value) == message
+
+
+def test_plan_refuses_unknown_checkpointing(target):
+    with pytest.raises(ValueError) as info:
+        plan(RunConfig(model="gpt"), target=target, effective_batch=8, checkpointing=["bogus"])
+    assert str(info.value) == "checkpointing ['bogus'] is not known; use some of 'none', 'every_other', 'all'"
+
+
+def test_a_batch_search_reads_a_refused_try_as_out_of_memory_and_shrinks():
+    from types import SimpleNamespace
+
+    from workbench.measure.fit import DoesNotFit
+    from workbench.techniques.plancheck import search_micro_batch
+
+    def runner(config, **kwargs):  # what run() does when check_fits refuses the larger batches
+        if config.batch_size >= 8:
+            raise DoesNotFit(f"this run needs about 1.0 TiB of memory (batch_size={config.batch_size})")
+        return SimpleNamespace(status="ok", message="")
+
+    assert search_micro_batch(RunConfig(**TINY), start=8, reduce=lambda b: b // 2, runner=runner) == (4, [(8, "oom"), (4, "ok")])
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: Target.this_machine(memory_budget_bytes=math.nan),
+     "memory_budget_bytes=nan must be a whole number of bytes >= 1; pass e.g. 16 * 2**20"),
+    (lambda: Target.gpu("A100 SXM4 40GB", memory_bytes=math.inf),
+     "memory_bytes=inf must be a whole number of bytes >= 1 and headroom=0.05 in [0, 1); pass e.g. memory_bytes=40 * 2**30"),
+])
+def test_targets_refuse_memory_that_is_not_a_number_of_bytes(make, message):
+    with pytest.raises(ValueError) as info:
+        make()
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize("text", [
+    "a" * 40_000, "1" * 40_000, "a " * 20_000, "(GPU 0; " * 5_000, "out of memory. Tried to allocate " * 1_200,
+    "x" * 10**6,
+], ids=["letters", "digits", "words", "old-format-heads", "repeated-heads", "a-megabyte"])
+def test_parse_oom_answers_hostile_text_at_once(text):
+    began = time.perf_counter()
+    with pytest.raises(ValueError) as info:
+        parse_oom(text)
+    assert time.perf_counter() - began < 0.5  # was 26 s for 40,000 letters (a quadratic regex)
+    assert str(info.value).endswith("; pass the text of a torch.OutOfMemoryError")
+
+
+def test_parse_oom_and_parse_size_refuse_non_messages_in_one_line():
+    with pytest.raises(ValueError) as info:
+        parse_oom(None)
+    assert str(info.value) == "parse_oom needs the error message as text, got NoneType; pass str(error)"
+    with pytest.raises(ValueError) as info:
+        parse_size("1" * 400 + " GiB")
+    assert str(info.value) == ("size '1111111111111111111111111111111111111111' is not a size like '2.34 GiB'; "
+                               "use a number (at most 30 digits) and one of bytes, KiB, MiB, GiB, TiB")
+
+
+def test_a_simulated_budget_must_be_a_positive_number_of_bytes():
+    with pytest.raises(ValueError) as info:
+        check_budget(-5, model_state_bytes=1, activation_bytes=1)
+    assert str(info.value) == "budget_bytes=-5 must be a whole number of bytes >= 1; pass e.g. budget_bytes=64 * 2**20"
+
+
+# --- run(), launch() and the CLI: arguments checked before anything is loaded ----------------
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"sinks": [object()]}, TypeError, "sinks[0] (object) has no start, log, end method; a sink needs start(), log() "
+                                       "and end() (see workbench.measure.records.Sink)"),
+    ({"sinks": "text"}, TypeError, "sinks must be a list of sinks, got str; pass e.g. sinks=[TextSink()]"),
+    ({"name": 5}, TypeError, "name must be text, got int 5; pass e.g. name='baseline'"),
+])
+def test_run_refuses_bad_arguments_before_loading_anything(kwargs, error, message):
+    assert _run_error(RunConfig(**TINY), error, **kwargs) == message
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"num_processes": 10**6}, "num_processes=1000000 is more processes than this machine can run side by side "
+                               "({cores} usable cores); pass num_processes <= {most}"),
+    ({"timeout_s": -1}, "timeout_s=-1 must be a positive number of seconds or None; pass e.g. timeout_s=600"),
+    ({"threads_per_process": -3}, "threads_per_process=-3 must be a whole number from 1 to {cores} (the usable cores) "
+                                  "or None; pass e.g. threads_per_process=1"),
+])
+def test_launch_refuses_bad_arguments_before_starting_a_process(kwargs, message):
+    cores = limits.usable_cores()
+    with pytest.raises(ValueError) as info:
+        launch(RunConfig(**TINY), **{"num_processes": 2, **kwargs})
+    assert str(info.value) == message.format(cores=cores, most=max(2, 2 * cores))
+
+
+def _cli(capsys, *flags) -> tuple[int, str]:
+    from workbench.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model", "mlp", "--data", "digits", "--steps", "4", "--log-every", "2", "--eval-samples", "0", *flags])
+    return exit_info.value.code, capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_the_cli_refuses_a_nan_weight_decay_in_one_line(capsys):
+    assert _cli(capsys, "--weight-decay", "nan") == (
+        2, "python -m workbench: error: weight_decay=nan must be a finite number >= 0; pass e.g. weight_decay=0.01")
+
+
+def test_the_cli_checks_the_json_path_before_training(capsys, tmp_path):
+    assert _cli(capsys, "--json", str(tmp_path / "no" / "r.json")) == (
+        2, f"python -m workbench: error: --json '{tmp_path / 'no' / 'r.json'}': the folder '{tmp_path / 'no'}' does not "
+           "exist; create it or pass another path")
+    assert _cli(capsys, "--json", str(tmp_path)) == (
+        2, f"python -m workbench: error: --json '{tmp_path}' is a folder; pass a file path such as result.json")
+
+
+def test_the_cli_names_a_bad_preset_environment_variable(capsys, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_PRESET", "bogus")
+    assert _cli(capsys) == (2, "python -m workbench: error: WORKBENCH_PRESET='bogus' is not a preset; "
+                               "set it to one of: cpu-quick, cpu, gpu")
+
+
+def test_the_cli_refuses_a_save_folder_that_holds_another_run(capsys, tmp_path):
+    run(RunConfig(**TINY, save_state_dir=tmp_path), sinks=[])
+    code, line = _cli(capsys, "--save-state-dir", str(tmp_path), "--seed", "3")
+    assert code == 2 and line.startswith(f"python -m workbench: error: save_state_dir='{tmp_path}' holds another run's")
+
+
+def test_a_diverged_run_exits_the_cli_with_status_1(capsys, monkeypatch):
+    from workbench.cli import main
+
+    _poison_losses(monkeypatch, range(1, 10**6))
+    assert main(["--model", "mlp", "--data", "digits", "--steps", "4", "--log-every", "2", "--eval-samples", "0"]) == 1
+    assert "diverged after 2 steps: the loss became non-finite (nan or inf) at step 1;" in capsys.readouterr().out
+
+
+# --- Quantization ------------------------------------------------------------------------------
+
+def test_a_bool_bit_width_is_refused_in_one_line():
+    pytest.importorskip("torchao")
+    from workbench.techniques.quantization import weight_intx
+
+    with pytest.raises(ValueError) as info:
+        weight_intx(torch.nn.Sequential(torch.nn.Linear(8, 8)), bits=True)
+    assert str(info.value) == "bits=True must be a whole number from 1 to 8 (weights of int1..int8)"
+
+
+def test_run_refuses_a_config_that_is_not_a_run_config():
+    assert _run_error({"model": "mlp"}, TypeError) == (
+        "config must be a RunConfig, got dict; pass e.g. RunConfig(model='mlp')")
+
+
+def test_static_int8_names_a_calibration_batch_the_model_cannot_take():
+    pytest.importorskip("torchao")
+    from workbench.techniques.quantization import static_int8
+
+    with pytest.raises(ValueError) as info:
+        static_int8(torch.nn.Sequential(torch.nn.Linear(8, 8)), torch.zeros(4, 3))
+    message = str(info.value)
+    assert message.startswith("calibration batches must be inputs the model takes: a batch of shape (4, 3) fails "
+                              "(RuntimeError: ") and message.endswith("); pass e.g. data.train.inputs[:64]")
+    assert "\n" not in message
