@@ -14,6 +14,7 @@ import functools
 import importlib.util
 import math
 import os
+import sys
 import typing
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -21,7 +22,7 @@ from typing import Any, Literal
 from workbench.core import hardware
 from workbench.core.data import DATASETS, train_size
 from workbench.core.models import MODEL_SPECS, MODELS
-from workbench.core.optim import OPTIMIZERS
+from workbench.core.optim import IMPLEMENTATIONS, OPTIMIZERS, implementation_problem
 from workbench.core.precisions import PRECISIONS, grad_scaler_problem, scaler_kwargs
 from workbench.core.presets import PRESETS, get_preset
 
@@ -35,6 +36,9 @@ PresetName = Literal[tuple(PRESETS)]
 Checkpointing = Literal["none", "all", "every_other"]
 QATScheme = Literal["none", "int8", "int4", "int3", "int2"]
 Device = Literal["auto", "cpu", "cuda"]
+CompileMode = Literal["none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+Attention = Literal["explicit", "sdpa"]
+OptimizerImpl = Literal[tuple(IMPLEMENTATIONS)]
 
 
 class ConfigError(ValueError):
@@ -112,6 +116,21 @@ class RunConfig:
     """A SIMULATED device memory: after the first step, when parameters + gradients +
     optimizer state + one micro-batch's saved activations (exact counts) exceed it, the run
     stops with an out-of-memory error, as a GPU would. None: no budget."""
+    compile: CompileMode = "none"
+    """torch.compile the model with this mode (inductor): 'default'; 'reduce-overhead' (adds CUDA
+    graphs on a GPU; on a CPU the same as 'default'); 'max-autotune' (also benchmarks kernel
+    variants while compiling: much longer compiles); 'max-autotune-no-cudagraphs'. The first step
+    pays the compile. On a CPU inductor writes C++: needs g++ (or $CXX). 'none': eager."""
+    attention: Attention = "explicit"
+    """gpt: 'explicit' (matmul, mask, softmax, matmul: saves the s x s probabilities) or 'sdpa'
+    (F.scaled_dot_product_attention: a fused kernel that keeps no s x s matrix)."""
+    optimizer_impl: OptimizerImpl = "default"
+    """How the optimizer runs its update: 'for-loop' (parameter by parameter), 'foreach' (each op
+    over all parameters at once), 'fused' (one kernel) or 'default' (torch's choice: foreach on
+    CUDA, for-loop on CPU). The same update every way."""
+    tf32: bool = False
+    """CUDA (Ampere or newer): fp32 matmuls and convolutions on TF32 tensor cores (10-bit mantissa,
+    fp32 range) during training; evaluation stays full fp32. Not available on a CPU."""
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -164,6 +183,10 @@ _TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "resume_from": ((str, os.PathLike, type(None)), "a folder path written by save_state_dir, or None"),
     "dims": ((dict, type(None)), "a dict such as {'n_layer': 4}"),
     "memory_budget_bytes": ((int, type(None)), "a whole number of bytes such as 64 * 2**20, or None"),
+    "compile": ((str,), "'none', 'default', 'reduce-overhead', 'max-autotune' or 'max-autotune-no-cudagraphs'"),
+    "attention": ((str,), "'explicit' or 'sdpa'"),
+    "optimizer_impl": ((str,), "'default', 'for-loop', 'foreach' or 'fused'"),
+    "tf32": ((bool,), "True or False"),
 }
 
 
@@ -278,6 +301,7 @@ def _check_values(cfg: RunConfig, r: dict[str, Any]) -> None:
         )
     _check_save_and_resume(r)
     _check_device(r)
+    _check_speed(r)
     if not data.startswith("hub:"):
         size = train_size(data, r["seq_len"])
         if r["batch_size"] > size:
@@ -325,3 +349,42 @@ def _check_device(r: dict[str, Any]) -> None:
         raise ConfigError(
             f"precision={r['precision']!r} is not supported on {where}; use precision={fallback!r}"
         )
+
+
+def _check_speed(r: dict[str, Any]) -> None:
+    """The switches of notebook 08: compile, attention, optimizer_impl, tf32."""
+    import torch
+
+    for name in ("compile", "attention", "optimizer_impl"):
+        _one_of(name, r[name])
+    device = hardware.resolve_device(r["device"])
+    if r["compile"] != "none":
+        if device == "cpu" and hardware.cpp_compiler() is None:
+            raise ConfigError(f"compile={r['compile']!r} on a CPU needs a C++ compiler (inductor writes C++ "
+                              "kernels) and none was found: apt-get install g++ (or set $CXX), or use compile='none'")
+        if not torch._dynamo.is_dynamo_supported():
+            raise ConfigError(f"compile={r['compile']!r}: torch.compile does not support this Python "
+                              f"({sys.version_info[0]}.{sys.version_info[1]}); use compile='none'")
+        if device == "cuda" and importlib.util.find_spec("triton") is None:
+            raise ConfigError(f"compile={r['compile']!r} on a GPU needs triton, which is not installed: "
+                              "pip install triton (the version your torch names), or use compile='none'")
+    if r["attention"] == "sdpa" and r["model"] != "gpt":
+        raise ConfigError(f"attention='sdpa' switches the GPT's attention and model={r['model']!r} is not the GPT; "
+                          "use model='gpt' or attention='explicit'")
+    if problem := implementation_problem(_Namespace(r)):
+        raise ConfigError(problem)
+    if r["tf32"]:
+        info = hardware.gpu_info() if device == "cuda" else None
+        if info is None:
+            raise ConfigError("tf32=True acts on CUDA matmuls and this run is on the CPU (which has no TF32); "
+                              "use tf32=False, or device='cuda' on an Ampere or newer GPU")
+        if info.compute_capability < (8, 0):
+            raise ConfigError(f"tf32=True needs an Ampere or newer GPU (compute capability 8.0+); "
+                              f"{info.name} is {info.compute_capability[0]}.{info.compute_capability[1]}: use tf32=False")
+
+
+class _Namespace:
+    """Attribute access to the resolved values, for builders that take a config."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.__dict__.update(values)

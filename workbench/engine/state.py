@@ -42,6 +42,7 @@ class LoopState:
         self.skipped_steps = 0
         self.loss_scales: list[float] = []
         self.timing: IntervalMeter | None = None
+        self.first_step_s: float | None = None
 
 
 def build_result(*, cfg: RunConfig, name: str, status: str, message: str, state: LoopState, model: Any,
@@ -76,7 +77,7 @@ def build_result(*, cfg: RunConfig, name: str, status: str, message: str, state:
         data_wait_fraction=timing.data_wait_fraction() if timing else None,
         memory=memory, eval_loss=eval_loss, accuracy=accuracy, device=device.type,
         warnings=warnings, wall_s=wall_s, num_processes=num_processes,
-        loss_scales=state.loss_scales, skipped_steps=state.skipped_steps,
+        loss_scales=state.loss_scales, skipped_steps=state.skipped_steps, first_step_s=state.first_step_s,
     )
 
 

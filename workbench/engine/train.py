@@ -26,6 +26,7 @@ from workbench.core.models import MODEL_SPECS, loss_fn
 from workbench.core.optim import make_optimizer
 from workbench.engine import resume
 from workbench.engine.accelerator import loss_scale, make_accelerator
+from workbench.engine.speedups import LoopPhases, compile_model, tf32_matmuls
 from workbench.engine.state import LoopState, build_result, evaluate
 from workbench.measure import oom
 from workbench.measure.counters import (
@@ -97,7 +98,7 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
         ('ok', True)
     """
     from workbench.core.data import build_dataloader, load_data
-    from workbench.core.models import build_model, set_activation_checkpointing
+    from workbench.core.models import build_model, set_activation_checkpointing, set_attention
 
     cfg = config.resolved()
     name = name or f"{cfg.model} {cfg.precision} b{cfg.batch_size}"
@@ -114,11 +115,12 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
     # Every arm of a comparison starts from the same weights (seeded as they are drawn).
     model = build_model(cfg.model, data=bundle, dims=cfg.dims, seed=cfg.seed)
     set_activation_checkpointing(model, cfg.activation_checkpointing)  # technique: checkpointing
+    set_attention(model, cfg.attention)  # technique: fused attention ('sdpa': F.scaled_dot_product_attention)
     if cfg.qat != "none":  # technique: QAT. Linear layers now fake-quantize in forward
         from workbench.engine.qat import prepare_qat
 
         prepare_qat(model, bits=int(cfg.qat.removeprefix("int")))
-    optimizer = make_optimizer(model, cfg)
+    optimizer = make_optimizer(model, cfg)  # technique: fused / foreach optimizer (cfg.optimizer_impl)
     loader = build_dataloader(
         bundle.train, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed,
         num_workers=cfg.num_workers, pin_memory=cfg.pin_memory,  # technique: input pipeline
@@ -130,10 +132,15 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
     state = LoopState()
     if cfg.resume_from:  # technique: save and resume. Model, optimizer, RNGs, data position, curve so far
         resume.restore(accelerator, cfg, state, loader)
+    # technique: torch.compile. The loop trains the compiled module (the first step compiles);
+    # evaluation, saving and the result use the plain one, which holds the same parameters, so
+    # evaluation's other batch size and no-grad mode compile nothing more.
+    trained = compile_model(model, cfg.compile)
 
     meter = MemoryMeter(device)
     warnings = tuple(w for w in [hardware.emulation_warning(device.type, cfg.precision)] if w)
-    peak, peak_source = hardware.peak_flops(device.type, cfg.precision)
+    # MFU against the peak the matmuls can reach: with TF32 allowed, fp32 matmuls run on tensor cores.
+    peak, peak_source = hardware.peak_flops(device.type, "tf32" if cfg.tf32 and cfg.precision == "fp32" else cfg.precision)
     start = RunStart(
         run_name=name, total_steps=cfg.steps, device=f"{device.type}", precision=cfg.precision,
         config=cfg.to_dict(), warnings=warnings, memory_total_bytes=meter.total_bytes(),
@@ -145,7 +152,8 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
     status, message, eval_loss, accuracy = "ok", "", None, None
     try:
         try:
-            _train(cfg, name, accelerator, model, optimizer, loader, meter, peak, sinks, state)
+            with tf32_matmuls(cfg.tf32):  # technique: TF32 (CUDA fp32 matmuls on tensor cores), training only
+                _train(cfg, name, accelerator, trained, optimizer, loader, meter, peak, sinks, state)
             if cfg.eval_samples:
                 eval_loss, accuracy = evaluate(accelerator, model, bundle.test, cfg)
         except KeyboardInterrupt:
@@ -189,8 +197,10 @@ def _train(cfg, name, accelerator, model, optimizer, loader, meter, peak, sinks,
     batches = _batches(accelerator, loader, state.data_position)
     running_loss = torch.zeros((), device=accelerator.device)  # summed on the device: no sync per step
     micro_batches = probe_flops = 0
+    phases = LoopPhases()  # technique: profiler. Named ranges, only while a torch.profiler runs
 
     while state.step < cfg.steps:
+        phases.enter("data")
         fetch_start = time.perf_counter()
         batch = next(batches)
         timing.add(samples=len(batch["labels"]), tokens=batch["inputs"].numel() if text else None,
@@ -199,12 +209,15 @@ def _train(cfg, name, accelerator, model, optimizer, loader, meter, peak, sinks,
         # technique: gradient accumulation. Inside accumulate(), backward() divides the loss by
         # grad_accum_steps and optimizer.step() only acts (and DDP only all-reduces) on the last
         # micro-batch of each window.
+        phases.enter("forward")
         with accelerator.accumulate(model):
             with FlopCounter() if probe else nullcontext() as flops:
                 with SavedActivationCounter(model) if probe else nullcontext() as saved:
                     logits = model(batch["inputs"])  # technique: precision (autocast inside)
                     loss = loss_fn(logits, batch["labels"])
+                phases.enter("backward")
                 accelerator.backward(loss)  # fp16: scales the loss first (GradScaler)
+            phases.enter("optimizer")
             if accelerator.sync_gradients and cfg.max_grad_norm:
                 accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)  # fp16: unscales first
             optimizer.step()
@@ -215,6 +228,7 @@ def _train(cfg, name, accelerator, model, optimizer, loader, meter, peak, sinks,
                 # = optimizer.zero_grad(set_to_none=True) at the end of a window; accelerate's
                 # version inspects a signature on every call (110 us a step, measured).
                 model.zero_grad(set_to_none=True)
+        phases.enter("other")
         running_loss += loss.detach()
         micro_batches += 1
         if probe:
@@ -226,6 +240,7 @@ def _train(cfg, name, accelerator, model, optimizer, loader, meter, peak, sinks,
         state.step += 1
         if probe:
             state.flops_per_step = probe_flops
+            state.first_step_s = timing.elapsed(now=time.perf_counter())  # with compile: the compile too
             if cfg.memory_budget_bytes is not None:
                 # A simulated device memory (a CPU has none to run out of): the exact counts of this
                 # step against the budget; over it, the torch.OutOfMemoryError a GPU raises.
@@ -247,6 +262,7 @@ def _train(cfg, name, accelerator, model, optimizer, loader, meter, peak, sinks,
         micro_batches = 0
         interval = timing.close(now=time.perf_counter(), step=state.step, flops_per_step=state.flops_per_step,
                                 timed=not probe, text=text)  # the probe step is shown, not timed
+        phases.enter("log")
         if (scale := loss_scale(accelerator)) is not None:  # fp16: the GradScaler's scale now
             state.loss_scales.append(scale)
         record = _step_record(cfg, name, state, interval, meter, peak, optimizer, accelerator, scale, text)
@@ -255,6 +271,7 @@ def _train(cfg, name, accelerator, model, optimizer, loader, meter, peak, sinks,
         if cfg.save_state_dir and (state.step % (cfg.save_every or cfg.steps) == 0 or state.step == cfg.steps):
             resume.save(accelerator, cfg, state)  # technique: save and resume (at log steps: windows line up)
         timing.restart(now=time.perf_counter(), next_step=state.step + 1)  # the sinks' time is not a step's
+    phases.close()
 
 
 def _step_record(cfg, name, state, interval: Throughput, meter, peak, optimizer, accelerator, scale, text) -> StepRecord:

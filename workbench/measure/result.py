@@ -98,6 +98,9 @@ class RunResult:
     """fp16: the GradScaler's scale at each log step (loss_steps); empty otherwise."""
     skipped_steps: int = 0
     """fp16: optimizer steps the GradScaler skipped (inf/NaN gradients); counted every step."""
+    first_step_s: float | None = None
+    """Seconds of the first optimizer step (wait for data included), which the timings leave out:
+    exact counters, one-off warm-up and, with torch.compile, the compile. None for a resumed run."""
 
     @property
     def final_loss(self) -> float | None:

@@ -1,0 +1,388 @@
+"""Notebook 08: speed without changing the math. What each switch needs, and what it buys.
+
+The switches are RunConfig fields acting in the loop (`compile`, `attention`, `optimizer_impl`,
+`tf32`; see engine/speedups.py). Here are the measurements the notebook shows beside them:
+
+- `toolchain()`: what this machine offers (a C++ compiler for inductor on CPU, the fused
+  attention kernels, fused optimizers on this device, TF32);
+- `compile_payback(eager, compiled)`: the compile's one-off cost against the time it saves
+  per step, from two runs' figures;
+- `compile_cache()`: inductor's on-disk cache and this process's hits and misses (a second
+  compile of the same graph loads it instead of compiling: honest to reuse, and to say so);
+- `graph_breaks(fn, *args)`: where torch.compile had to stop a graph (torch._dynamo.explain);
+- `attention_kernels(model, inputs)`: which attention kernel ran (the profiler's op names);
+- `optimizer_bench(model)`: the optimizer step alone, per implementation (interleaved
+  medians), and the parameters each reaches from the same gradients;
+- `matmul_tf32_speedup()`: fp32 against TF32 matmuls on a GPU.
+
+Example:
+    >>> bench = optimizer_bench(torch.nn.Linear(64, 64), rounds=5)  # doctest: +SKIP
+    >>> bench.ratio("step_time_s", "fused"), bench.point("fused").max_difference  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch import nn
+
+from workbench.core import hardware
+from workbench.core.optim import IMPLEMENTATIONS, make_optimizer
+from workbench.core.report import Report, Results
+from workbench.measure.probe import max_relative_difference
+from workbench.measure.result import RunResult
+
+__all__ = ["Toolchain", "toolchain", "Payback", "compile_payback", "CompileCache", "compile_cache",
+           "GraphBreaks", "graph_breaks", "attention_kernels", "OptimizerPoint", "OptimizerBench",
+           "optimizer_bench", "matmul_tf32_speedup", "COMPILE_MODES"]
+
+COMPILE_MODES: dict[str, str] = {
+    "default": "fuse elementwise ops into generated kernels (C++/OpenMP on CPU, Triton on GPU); matmuls stay library calls",
+    "reduce-overhead": "default + CUDA graphs: the whole step replayed as one launch (GPU only; on a CPU = default)",
+    "max-autotune": "reduce-overhead + benchmarks matmul templates and tile sizes while compiling (minutes)",
+    "max-autotune-no-cudagraphs": "max-autotune without CUDA graphs",
+}
+"""torch.compile's modes, in words (their inductor options: torch._inductor.list_mode_options())."""
+
+
+# -- what this machine offers ------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Toolchain(Report):
+    """What the notebook's switches need, found on this machine."""
+
+    device: str
+    torch_version: str
+    cpp_compiler: str | None
+    inductor_cache_dir: str
+    attention_kernels: tuple[str, ...]
+    fused_optimizers: tuple[str, ...]
+    tf32: str
+
+    header = ("switch", "here")
+
+    def rows(self) -> list[tuple[str, str]]:
+        compiler = self.cpp_compiler or "none found: compile on a CPU is unavailable (apt-get install g++)"
+        return [
+            ("device", self.device),
+            ("torch", self.torch_version),
+            ("compile: C++ compiler (CPU kernels)", compiler if self.device == "cpu" else f"{compiler} (GPU kernels: Triton)"),
+            ("compile: inductor cache", self.inductor_cache_dir),
+            ("attention='sdpa': kernels", ", ".join(self.attention_kernels)),
+            ("optimizer_impl='fused' works for", ", ".join(self.fused_optimizers) or "none here"),
+            ("tf32", self.tf32),
+        ]
+
+    def caption(self) -> str:
+        return "What this machine offers the speed switches"
+
+
+def _inductor_cache_dir() -> str:
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return cache_dir()
+
+
+def toolchain(device: str = "auto") -> Toolchain:
+    """What this machine offers each switch (builds nothing large; no CUDA work on a CPU).
+
+    Example:
+        >>> toolchain("cpu").device
+        'cpu'
+    """
+    device = hardware.resolve_device(device)
+    if device == "cuda":
+        backends = torch.backends.cuda
+        kernels = tuple(name for name, on in (("flash", backends.flash_sdp_enabled()),
+                                              ("memory-efficient", backends.mem_efficient_sdp_enabled()),
+                                              ("cuDNN", backends.cudnn_sdp_enabled()),
+                                              ("math", backends.math_sdp_enabled())) if on)
+        info = hardware.gpu_info()
+        cc = info.compute_capability if info else (0, 0)
+        tf32 = (f"available ({info.name}, compute capability {cc[0]}.{cc[1]})" if cc >= (8, 0)
+                else f"not on {info.name if info else 'this GPU'} (needs compute capability 8.0+)")
+    else:
+        kernels = ("flash (CPU)", "math") if hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu") else ("math",)
+        tf32 = "not on a CPU (a CUDA tensor-core format)"
+    param = nn.Parameter(torch.zeros(1, device=device))
+    param.grad = torch.zeros(1, device=device)
+    fused = []
+    for name in ("adamw", "adam", "sgd"):
+        try:
+            holder = nn.Module()
+            holder.p = param
+            make_optimizer(holder, SimpleNamespace(optimizer=name, optimizer_impl="fused", lr=1e-3, weight_decay=0.0)).step()
+            fused.append(name)
+        except (RuntimeError, TypeError, ValueError):
+            pass
+    return Toolchain(device=device, torch_version=torch.__version__, cpp_compiler=hardware.cpp_compiler(),
+                     inductor_cache_dir=_inductor_cache_dir(), attention_kernels=kernels,
+                     fused_optimizers=tuple(fused), tf32=tf32)
+
+
+# -- torch.compile -------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Payback(Report):
+    """A compile's one-off cost against the time it saves per step (two runs' figures)."""
+
+    first_step_extra_s: float
+    """Compiled first step minus eager first step: the compile, mostly."""
+    step_saving_s: float
+    """Eager steady step time minus compiled (negative: compiled is slower)."""
+    eager_step_s: float
+    compiled_step_s: float
+
+    @property
+    def steps_to_pay_back(self) -> int | None:
+        """Steps after which the compiled run is ahead in total time; None: never (no saving)."""
+        if self.step_saving_s <= 0:
+            return None
+        return max(1, math.ceil(self.first_step_extra_s / self.step_saving_s))
+
+    header = ("figure", "value")
+
+    def rows(self) -> list[tuple[str, str]]:
+        pays = self.steps_to_pay_back
+        return [
+            ("compile (first step, extra)", f"{self.first_step_extra_s:.1f} s"),
+            ("steady step: eager -> compiled", f"{self.eager_step_s * 1e3:.1f} -> {self.compiled_step_s * 1e3:.1f} ms "
+                                               f"(x{self.compiled_step_s / self.eager_step_s:.2f})"),
+            ("pays back after", f"{pays:,} steps" if pays else "never at this size (no step is faster)"),
+        ]
+
+    def caption(self) -> str:
+        return "torch.compile: one-off cost against per-step saving"
+
+
+def compile_payback(eager: RunResult, compiled: RunResult) -> Payback:
+    """How many steps the compiled run needs before its compile has paid for itself.
+
+    Example:
+        >>> compile_payback(baseline, compiled).steps_to_pay_back  # doctest: +SKIP
+    """
+    for result in (eager, compiled):
+        if result.first_step_s is None or result.step_time_s is None:
+            raise ValueError(f"{result.name!r} has no first-step or step time (a resumed or unfinished run); "
+                             "pass two runs that started from step 0")
+    return Payback(first_step_extra_s=compiled.first_step_s - eager.first_step_s,
+                   step_saving_s=eager.step_time_s - compiled.step_time_s,
+                   eager_step_s=eager.step_time_s, compiled_step_s=compiled.step_time_s)
+
+
+@dataclass(frozen=True, slots=True)
+class CompileCache:
+    """Inductor's FX graph cache: where it lives, and this process's hits and misses so far."""
+
+    directory: str
+    hits: int
+    misses: int
+
+    def since(self, before: CompileCache) -> CompileCache:
+        return CompileCache(self.directory, self.hits - before.hits, self.misses - before.misses)
+
+    def __str__(self) -> str:
+        return f"inductor cache {self.directory}: {self.hits} graph(s) loaded, {self.misses} compiled"
+
+
+def compile_cache() -> CompileCache:
+    """The FX graph cache's counters (torch._dynamo.utils.counters: private, so read defensively).
+
+    A miss compiles C++ (or Triton) from scratch: tens of seconds on 2 cores for the small GPT's
+    forward and backward (measured here: 25-60 s with the machine busy). A hit loads the kernels
+    another compile of the same graph, shapes and settings wrote earlier (this process, or any
+    earlier one: the cache is on disk): a few seconds of tracing remain.
+    """
+    from torch._dynamo.utils import counters
+
+    inductor = counters.get("inductor", {})
+    return CompileCache(_inductor_cache_dir(), int(inductor.get("fxgraph_cache_hit", 0)),
+                        int(inductor.get("fxgraph_cache_miss", 0)))
+
+
+@dataclass(frozen=True, slots=True)
+class GraphBreaks(Report):
+    """What torch._dynamo.explain found: graphs, breaks, and why each break happened."""
+
+    graphs: int
+    breaks: int
+    reasons: tuple[str, ...]
+
+    header = ("graphs", "breaks", "why")
+
+    def rows(self) -> list[tuple[str, str, str]]:
+        return [(str(self.graphs), str(self.breaks), "; ".join(self.reasons) or "none: one whole graph")]
+
+
+def graph_breaks(fn: Callable[..., Any], *args: Any) -> GraphBreaks:
+    """Trace `fn(*args)` with torch._dynamo.explain (no code generation: seconds, not a compile).
+
+    Example:
+        >>> graph_breaks(lambda x: (x * 2).sum(), torch.ones(3)).breaks
+        0
+    """
+    explained = torch._dynamo.explain(fn)(*args)
+    reasons = []
+    for reason in explained.break_reasons:
+        text = " ".join(str(reason.reason).split())
+        where = reason.user_stack[-1] if reason.user_stack else None
+        place = f" (at {os.path.basename(where.filename)}:{where.lineno}: {where.line.strip()})" if where else ""
+        reasons.append(text[:160] + place)
+    return GraphBreaks(graphs=explained.graph_count, breaks=explained.graph_break_count, reasons=tuple(reasons))
+
+
+# -- attention -----------------------------------------------------------------------------------
+
+def attention_kernels(model: nn.Module, inputs: torch.Tensor) -> list[str]:
+    """The attention kernels one forward of `model` runs (the profiler's aten op names, the
+    dispatcher's `aten::scaled_dot_product_attention` entry left out), in order of first use.
+
+    Example:
+        >>> attention_kernels(set_attention(gpt, "sdpa"), x)  # doctest: +SKIP
+        ['aten::_scaled_dot_product_flash_attention_for_cpu']
+    """
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with torch.no_grad(), torch.profiler.profile(activities=activities) as prof:
+        model(inputs)
+    names: list[str] = []
+    for event in prof.events():
+        if ("attention" in event.name or "sdpa" in event.name) and event.name != "aten::scaled_dot_product_attention":
+            if event.name not in names:
+                names.append(event.name)
+    return names
+
+
+# -- optimizers ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class OptimizerPoint:
+    name: str
+    """The implementation: 'for-loop', 'foreach', 'fused' (or 'default')."""
+    step_time_s: float
+    """Median seconds of optimizer.step() alone."""
+    max_difference: float
+    """Largest relative difference of the parameters from the first implementation's, after the
+    same gradients (max over tensors of max|diff| / max|reference|)."""
+
+
+class OptimizerBench(Results):
+    """optimizer.step() per implementation, measured together; ratios to the first."""
+
+    kind = "implementation"
+    header = ["implementation", "step() ms", "x first", "parameters: max relative difference"]
+
+    def __init__(self, points: Sequence[OptimizerPoint], *, optimizer: str, rounds: int, steps: int,
+                 parameters: int, tensors: int) -> None:
+        super().__init__(points)
+        self.optimizer, self.rounds, self.steps = optimizer, rounds, steps
+        self.parameters, self.tensors = parameters, tensors
+
+    @property
+    def points(self) -> list[OptimizerPoint]:
+        return self.items
+
+    def point(self, name: str) -> OptimizerPoint:
+        return self.item(name)
+
+    def rows(self) -> list[list[str]]:
+        base = self.items[0]
+        return [[p.name, f"{p.step_time_s * 1e3:.2f}", f"{p.step_time_s / base.step_time_s:.2f}",
+                 f"{p.max_difference:.1e}"] for p in self.items]
+
+    def caption(self) -> str:
+        return (f"{self.optimizer}.step() over {self.parameters:,} parameters in {self.tensors} tensors: medians of "
+                f"{self.rounds} interleaved rounds; parameters compared after {self.steps} steps from the same gradients")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def optimizer_bench(model: nn.Module, *, optimizer: str = "adamw", impls: Sequence[str] = ("for-loop", "foreach", "fused"),
+                    lr: float = 1e-3, weight_decay: float = 0.0, rounds: int = 20, steps: int = 5,
+                    seed: int = 0) -> OptimizerBench:
+    """Time `optimizer.step()` alone for each implementation on copies of `model`'s parameters,
+    and compare the parameters they reach after `steps` updates from the same gradients.
+
+    Gradients are drawn once per step from a seeded generator (the same for every copy), so
+    any difference in the parameters is the implementations' rounding alone. Timed rounds
+    alternate the order of the implementations, so a busy machine slows them alike.
+
+    Example:
+        >>> bench = optimizer_bench(nn.Linear(16, 16), rounds=3, steps=2)
+        >>> [p.name for p in bench.points], bench.point("fused").max_difference < 1e-5
+        (['for-loop', 'foreach', 'fused'], True)
+    """
+    if unknown := [i for i in impls if i not in IMPLEMENTATIONS]:
+        raise ValueError(f"impls {unknown} are not known; use some of {list(IMPLEMENTATIONS)}")
+    for name, value in (("rounds", rounds), ("steps", steps)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} must be a whole number >= 1")
+    copies = {impl: copy.deepcopy(model) for impl in impls}
+    device = next(model.parameters()).device
+    optimizers = {impl: make_optimizer(copies[impl], SimpleNamespace(optimizer=optimizer, optimizer_impl=impl, lr=lr,
+                                                                     weight_decay=weight_decay)) for impl in impls}
+    generator = torch.Generator().manual_seed(seed)
+    shapes = [p.shape for p in model.parameters() if p.requires_grad]
+    for _ in range(steps):  # the same gradients for every copy; then the parameters reached
+        grads = [torch.randn(shape, generator=generator).to(device) for shape in shapes]
+        for impl in impls:
+            for p, g in zip((p for p in copies[impl].parameters() if p.requires_grad), grads):
+                p.grad = g.clone()
+            optimizers[impl].step()
+    reached = {impl: [p.detach() for p in copies[impl].parameters() if p.requires_grad] for impl in impls}
+    times: dict[str, list[float]] = {impl: [] for impl in impls}
+    for r in range(rounds):
+        for impl in (impls if r % 2 == 0 else list(reversed(impls))):
+            _sync(device)
+            start = time.perf_counter()
+            optimizers[impl].step()
+            _sync(device)
+            times[impl].append(time.perf_counter() - start)
+    first = impls[0]
+    points = [OptimizerPoint(impl, statistics.median(times[impl]), max_relative_difference(reached[impl], reached[first]))
+              for impl in impls]
+    return OptimizerBench(points, optimizer=optimizer, rounds=rounds, steps=steps,
+                          parameters=sum(math.prod(s) for s in shapes), tensors=len(shapes))
+
+
+# -- TF32 ----------------------------------------------------------------------------------------
+
+def matmul_tf32_speedup(*, n: int = 4096, repeats: int = 10) -> float:
+    """fp32 matmul time over the same matmul with TF32 allowed, on this process's GPU (medians).
+
+    Example:
+        >>> matmul_tf32_speedup() > 2  # doctest: +SKIP  (an A100/H100: about 4-8)
+        True
+    """
+    from workbench.engine.speedups import tf32_matmuls
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("matmul_tf32_speedup needs a CUDA GPU; TF32 is a tensor-core format")
+    a, b = (torch.randn(n, n, device="cuda") for _ in range(2))
+
+    def median_time() -> float:
+        a @ b
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            a @ b
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    fp32 = median_time()
+    with tf32_matmuls(True):
+        tf32 = median_time()
+    return fp32 / tf32
