@@ -257,6 +257,7 @@ def test_compile_payback_weighs_the_first_step_against_the_saving(eager_and_comp
     fake = lambda first, step: dataclasses.replace(eager, first_step_s=first, step_time_s=step)  # noqa: E731
     assert compile_payback(fake(0.1, 0.020), fake(5.1, 0.015)).steps_to_pay_back == 1000
     assert compile_payback(fake(0.1, 0.020), fake(5.1, 0.025)).steps_to_pay_back is None
+    assert compile_payback(fake(0.1, 0.020), fake(0.05, 0.015)).steps_to_pay_back == 0  # nothing compiled
     with pytest.raises(ValueError, match="no first-step or step time"):
         compile_payback(fake(None, 0.02), compiled)
 

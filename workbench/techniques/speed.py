@@ -41,7 +41,7 @@ from workbench.core.report import Report, Results
 from workbench.measure.probe import max_relative_difference
 from workbench.measure.result import RunResult
 
-__all__ = ["Toolchain", "toolchain", "Payback", "compile_payback", "CompileCache", "compile_cache",
+__all__ = ["Toolchain", "toolchain", "Payback", "compile_payback", "CompileCache", "compile_cache", "inductor_vector_isa",
            "GraphBreaks", "graph_breaks", "attention_kernels", "OptimizerPoint", "OptimizerBench",
            "optimizer_bench", "matmul_tf32_speedup", "COMPILE_MODES"]
 
@@ -144,10 +144,11 @@ class Payback(Report):
 
     @property
     def steps_to_pay_back(self) -> int | None:
-        """Steps after which the compiled run is ahead in total time; None: never (no saving)."""
+        """Steps after which the compiled run is ahead in total time (0: at once, the compile cost
+        nothing here); None: never (no step is faster)."""
         if self.step_saving_s <= 0:
             return None
-        return max(1, math.ceil(self.first_step_extra_s / self.step_saving_s))
+        return max(0, math.ceil(self.first_step_extra_s / self.step_saving_s))
 
     header = ("figure", "value")
 
@@ -157,7 +158,8 @@ class Payback(Report):
             ("compile (first step, extra)", f"{self.first_step_extra_s:.1f} s"),
             ("steady step: eager -> compiled", f"{self.eager_step_s * 1e3:.1f} -> {self.compiled_step_s * 1e3:.1f} ms "
                                                f"(x{self.compiled_step_s / self.eager_step_s:.2f})"),
-            ("pays back after", f"{pays:,} steps" if pays else "never at this size (no step is faster)"),
+            ("pays back after", "never at this size (no step is faster)" if pays is None
+             else "at once (this run compiled nothing: the code was reused)" if pays == 0 else f"{pays:,} steps"),
         ]
 
     def caption(self) -> str:
@@ -207,6 +209,25 @@ def compile_cache() -> CompileCache:
     inductor = counters.get("inductor", {})
     return CompileCache(_inductor_cache_dir(), int(inductor.get("fxgraph_cache_hit", 0)),
                         int(inductor.get("fxgraph_cache_miss", 0)))
+
+
+def inductor_vector_isa() -> tuple[str, float]:
+    """(the vector instructions inductor writes CPU kernels for, seconds it took to find out).
+
+    The first compile on a machine probes the C++ compiler: it builds and loads a test program per
+    instruction set (AVX-512, AVX2...), ~5-20 s on 2 cores, then caches the answer on disk. Calling
+    this first keeps that one-off out of a model's measured compile. It honours
+    ATEN_CPU_CAPABILITY (e.g. avx2), as inductor does.
+
+    Example:
+        >>> inductor_vector_isa()  # doctest: +SKIP
+        ('avx512', 6.2)
+    """
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    start = time.perf_counter()
+    isa = pick_vec_isa()
+    return (str(isa) if isa else "none (scalar C++)"), time.perf_counter() - start
 
 
 @dataclass(frozen=True, slots=True)
