@@ -374,11 +374,11 @@ def _check_speed(r: dict[str, Any]) -> None:
     if problem := implementation_problem(_Namespace(r)):
         raise ConfigError(problem)
     if r["tf32"]:
-        info = hardware.gpu_info() if device == "cuda" else None
-        if info is None:
+        if device != "cuda":
             raise ConfigError("tf32=True acts on CUDA matmuls and this run is on the CPU (which has no TF32); "
                               "use tf32=False, or device='cuda' on an Ampere or newer GPU")
-        if info.compute_capability < (8, 0):
+        info = hardware.gpu_info()  # nvidia-smi: no CUDA context before a launcher forks
+        if info is not None and info.compute_capability < (8, 0):
             raise ConfigError(f"tf32=True needs an Ampere or newer GPU (compute capability 8.0+); "
                               f"{info.name} is {info.compute_capability[0]}.{info.compute_capability[1]}: use tf32=False")
 
