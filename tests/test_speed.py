@@ -15,16 +15,20 @@ from workbench.core.models import GPT, MLP, loss_fn, set_attention
 from workbench.core.optim import IMPLEMENTATIONS, implementation_problem, make_optimizer
 from workbench.engine.speedups import LoopPhases, compile_model, tf32_matmuls
 from workbench.engine.train import run
-from workbench.measure.counters import FlopCounter, SavedActivationCounter, gpt_activation_bytes_formula
+from workbench.measure.counters import (
+    FlopCounter,
+    SavedActivationCounter,
+    gpt_activation_bytes_formula,
+)
 from workbench.measure.result import RunResult
 from workbench.techniques.profiling import TIMED_PHASES, phase_times, profile_run
 from workbench.techniques.speed import (
     attention_kernels,
     compile_payback,
     graph_breaks,
-    optimizer_bench,
     toolchain,
 )
+from workbench.techniques.speed_bench import optimizer_bench, step_bench
 
 NO_COMPILER = "torch.compile on a CPU needs a C++ compiler (g++ or $CXX) and none is installed"
 needs_compiler = pytest.mark.skipif(hardware.cpp_compiler() is None, reason=NO_COMPILER)
@@ -50,11 +54,11 @@ def test_the_speed_switches_default_to_the_baseline_and_name_their_choices():
 
 def test_config_rejects_unknown_speed_choices_in_one_line():
     for fields, expected in [
-        (dict(compile="fast"), "compile='fast' is not known; use one of: 'none', 'default'"),
-        (dict(model="gpt", attention="flash"), "attention='flash' is not known; use one of: 'explicit', 'sdpa'"),
-        (dict(optimizer_impl="apex"), "optimizer_impl='apex' is not known; use one of: 'default', 'for-loop'"),
-        (dict(tf32="yes"), "tf32 must be True or False, got str 'yes'"),
-        (dict(compile=True), "compile must be 'none', 'default'"),
+        ({"compile": "fast"}, "compile='fast' is not known; use one of: 'none', 'default'"),
+        ({"model": "gpt", "attention": "flash"}, "attention='flash' is not known; use one of: 'explicit', 'sdpa'"),
+        ({"optimizer_impl": "apex"}, "optimizer_impl='apex' is not known; use one of: 'default', 'for-loop'"),
+        ({"tf32": "yes"}, "tf32 must be True or False, got str 'yes'"),
+        ({"compile": True}, "compile must be 'none', 'default'"),
     ]:
         message = _error(**fields)
         assert message.startswith(expected) and "\n" not in message
@@ -161,7 +165,7 @@ def test_run_trains_with_sdpa_and_counts_its_bytes():
     cfg = RunConfig(model="gpt", steps=2, log_every=1, eval_samples=0, dims={"n_layer": 1}, batch_size=2,
                     seq_len=16, device="cpu", preset="cpu-quick")
     base, fused = run(cfg), run(dataclasses.replace(cfg, attention="sdpa"))
-    s, b, h, a = 16, 2, fused.config.dims["d_model"], fused.config.dims["n_head"]
+    s, b, a = 16, 2, fused.config.dims["n_head"]
     assert base.memory.activation_bytes - fused.memory.activation_bytes == 4 * (a * s * s * b - a * s * b)
     assert fused.losses == pytest.approx(base.losses, rel=1e-5)
 
@@ -194,6 +198,18 @@ def test_run_with_the_fused_optimizer_follows_the_baseline():
     assert foreach.losses == pytest.approx(base.losses, rel=1e-6)
     assert fused.losses == pytest.approx(base.losses, rel=1e-6)
     assert fused.memory.optimizer_state_bytes == base.memory.optimizer_state_bytes
+
+
+def test_step_bench_times_each_config_as_run_sets_it_up():
+    tiny = RunConfig(model="gpt", dims={"n_layer": 1}, batch_size=2, seq_len=16, device="cpu", preset="cpu-quick")
+    bench = step_bench({"baseline": tiny, "sdpa": dataclasses.replace(tiny, attention="sdpa"),
+                        "fused": dataclasses.replace(tiny, optimizer_impl="fused")}, rounds=3)
+    assert [p.name for p in bench.points] == ["baseline", "sdpa", "fused"]
+    for p in bench.points:
+        assert p.spread_s[0] <= p.step_time_s <= p.spread_s[1]
+    assert bench.ratio("step_time_s", "baseline") == 1.0
+    with pytest.raises(ValueError, match="rounds=0"):
+        step_bench({"baseline": tiny}, rounds=0)
 
 
 def test_the_toolchain_says_what_this_cpu_offers():
@@ -254,10 +270,12 @@ def test_compile_payback_weighs_the_first_step_against_the_saving(eager_and_comp
     eager, compiled = eager_and_compiled
     payback = compile_payback(eager, compiled)
     assert payback.first_step_extra_s == pytest.approx(compiled.first_step_s - eager.first_step_s)
-    fake = lambda first, step: dataclasses.replace(eager, first_step_s=first, step_time_s=step)  # noqa: E731
+    fake = lambda first, step: dataclasses.replace(eager, first_step_s=first, step_time_s=step)
     assert compile_payback(fake(0.1, 0.020), fake(5.1, 0.015)).steps_to_pay_back == 1000
     assert compile_payback(fake(0.1, 0.020), fake(5.1, 0.025)).steps_to_pay_back is None
     assert compile_payback(fake(0.1, 0.020), fake(0.05, 0.015)).steps_to_pay_back == 0  # nothing compiled
+    timed_apart = compile_payback(fake(0.1, 0.020), fake(5.1, 0.025), eager_step_s=0.5, compiled_step_s=0.25)
+    assert timed_apart.steps_to_pay_back == 20 and timed_apart.eager_step_s == 0.5  # 5 s / 0.25 s a step
     with pytest.raises(ValueError, match="no first-step or step time"):
         compile_payback(fake(None, 0.02), compiled)
 
@@ -323,7 +341,9 @@ def test_a_profiled_run_splits_its_steps_and_agrees_with_its_own_wait_figure(tmp
     # (the profiler's clock against the loop's; a few microseconds apart per step).
     assert prof.timed_s == pytest.approx(result.step_time_s * prof.timed_steps, rel=0.05)
     assert all(prof.phase_s[p] > 0 for p in TIMED_PHASES)
-    assert prof.data_fraction == pytest.approx(result.data_wait_fraction, abs=0.02)
+    # The profile's data phase also holds the loop's bookkeeping of the fetch (~1 us), and its total
+    # misses the range switches (~1% of a 2 ms step): a few percent apart, relative (measured 1.5-4%).
+    assert prof.data_fraction == pytest.approx(result.data_wait_fraction, rel=0.1, abs=0.005)
     assert prof.top_ops and prof.top_ops[0][1] >= prof.top_ops[-1][1]
     assert "aten::addmm" in {op for op, _, _ in prof.top_ops}
     trace = json.loads((tmp_path / "trace.json").read_text())

@@ -37,7 +37,7 @@ from workbench.engine.speedups import PHASES, RANGE_PREFIX
 from workbench.measure.records import Sink
 from workbench.measure.result import RunResult
 
-__all__ = ["Profile", "profile_run", "phase_times", "TIMED_PHASES", "default_trace_path"]
+__all__ = ["TIMED_PHASES", "Profile", "default_trace_path", "phase_times", "profile_run"]
 
 TIMED_PHASES = ("data", "forward", "backward", "optimizer", "other")
 """The phases the loop's own timings cover ('log', the sinks' time, is left out of both)."""

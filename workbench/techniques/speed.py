@@ -11,23 +11,23 @@ The switches are RunConfig fields acting in the loop (`compile`, `attention`, `o
   compile of the same graph loads it instead of compiling: honest to reuse, and to say so);
 - `graph_breaks(fn, *args)`: where torch.compile had to stop a graph (torch._dynamo.explain);
 - `attention_kernels(model, inputs)`: which attention kernel ran (the profiler's op names);
-- `optimizer_bench(model)`: the optimizer step alone, per implementation (interleaved
-  medians), and the parameters each reaches from the same gradients;
 - `matmul_tf32_speedup()`: fp32 against TF32 matmuls on a GPU.
 
+The interleaved timings of the switches (the optimizer step alone, whole steps) are in
+`speed_bench.py`.
+
 Example:
-    >>> bench = optimizer_bench(torch.nn.Linear(64, 64), rounds=5)  # doctest: +SKIP
-    >>> bench.ratio("step_time_s", "fused"), bench.point("fused").max_difference  # doctest: +SKIP
+    >>> toolchain("cpu").cpp_compiler  # doctest: +SKIP
+    '/usr/bin/g++'
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -36,14 +36,24 @@ import torch
 from torch import nn
 
 from workbench.core import hardware
-from workbench.core.optim import IMPLEMENTATIONS, make_optimizer
-from workbench.core.report import Report, Results
-from workbench.measure.probe import max_relative_difference
+from workbench.core.optim import make_optimizer
+from workbench.core.report import Report
 from workbench.measure.result import RunResult
 
-__all__ = ["Toolchain", "toolchain", "Payback", "compile_payback", "CompileCache", "compile_cache", "inductor_vector_isa",
-           "GraphBreaks", "graph_breaks", "attention_kernels", "OptimizerPoint", "OptimizerBench",
-           "optimizer_bench", "matmul_tf32_speedup", "COMPILE_MODES"]
+__all__ = [
+    "COMPILE_MODES",
+    "CompileCache",
+    "GraphBreaks",
+    "Payback",
+    "Toolchain",
+    "attention_kernels",
+    "compile_cache",
+    "compile_payback",
+    "graph_breaks",
+    "inductor_vector_isa",
+    "matmul_tf32_speedup",
+    "toolchain",
+]
 
 COMPILE_MODES: dict[str, str] = {
     "default": "fuse elementwise ops into generated kernels (C++/OpenMP on CPU, Triton on GPU); matmuls stay library calls",
@@ -75,7 +85,7 @@ class Toolchain(Report):
         return [
             ("device", self.device),
             ("torch", self.torch_version),
-            ("compile: C++ compiler (CPU kernels)", compiler if self.device == "cpu" else f"{compiler} (GPU kernels: Triton)"),
+            ("compile: C++ compiler (CPU kernels)", compiler if self.device == "cpu" else (compiler + " (GPU kernels: Triton)")),
             ("compile: inductor cache", self.inductor_cache_dir),
             ("attention='sdpa': kernels", ", ".join(self.attention_kernels)),
             ("optimizer_impl='fused' works for", ", ".join(self.fused_optimizers) or "none here"),
@@ -156,8 +166,8 @@ class Payback(Report):
         pays = self.steps_to_pay_back
         return [
             ("compile (first step, extra)", f"{self.first_step_extra_s:.1f} s"),
-            ("steady step: eager -> compiled", f"{self.eager_step_s * 1e3:.1f} -> {self.compiled_step_s * 1e3:.1f} ms "
-                                               f"(x{self.compiled_step_s / self.eager_step_s:.2f})"),
+            ("steady step: eager -> compiled", (f"{self.eager_step_s * 1e3:.1f} -> {self.compiled_step_s * 1e3:.1f} ms "
+                                                f"(x{self.compiled_step_s / self.eager_step_s:.2f})")),
             ("pays back after", "never at this size (no step is faster)" if pays is None
              else "at once (this run compiled nothing: the code was reused)" if pays == 0 else f"{pays:,} steps"),
         ]
@@ -166,8 +176,14 @@ class Payback(Report):
         return "torch.compile: one-off cost against per-step saving"
 
 
-def compile_payback(eager: RunResult, compiled: RunResult) -> Payback:
+def compile_payback(eager: RunResult, compiled: RunResult, *, eager_step_s: float | None = None,
+                    compiled_step_s: float | None = None) -> Payback:
     """How many steps the compiled run needs before its compile has paid for itself.
+
+    The compile's cost is the difference of the two runs' first steps; the saving per step is
+    the difference of their step times, or of `eager_step_s` and `compiled_step_s` when given
+    (steps timed in alternating rounds, `speed_bench.step_bench`: fairer on a busy machine than
+    two runs trained one after the other).
 
     Example:
         >>> compile_payback(baseline, compiled).steps_to_pay_back  # doctest: +SKIP
@@ -176,9 +192,11 @@ def compile_payback(eager: RunResult, compiled: RunResult) -> Payback:
         if result.first_step_s is None or result.step_time_s is None:
             raise ValueError(f"{result.name!r} has no first-step or step time (a resumed or unfinished run); "
                              "pass two runs that started from step 0")
+    eager_step_s = eager.step_time_s if eager_step_s is None else eager_step_s
+    compiled_step_s = compiled.step_time_s if compiled_step_s is None else compiled_step_s
     return Payback(first_step_extra_s=compiled.first_step_s - eager.first_step_s,
-                   step_saving_s=eager.step_time_s - compiled.step_time_s,
-                   eager_step_s=eager.step_time_s, compiled_step_s=compiled.step_time_s)
+                   step_saving_s=eager_step_s - compiled_step_s,
+                   eager_step_s=eager_step_s, compiled_step_s=compiled_step_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,105 +294,10 @@ def attention_kernels(model: nn.Module, inputs: torch.Tensor) -> list[str]:
         model(inputs)
     names: list[str] = []
     for event in prof.events():
-        if ("attention" in event.name or "sdpa" in event.name) and event.name != "aten::scaled_dot_product_attention":
-            if event.name not in names:
-                names.append(event.name)
+        fused = ("attention" in event.name or "sdpa" in event.name) and event.name != "aten::scaled_dot_product_attention"
+        if fused and event.name not in names:
+            names.append(event.name)
     return names
-
-
-# -- optimizers ----------------------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class OptimizerPoint:
-    name: str
-    """The implementation: 'for-loop', 'foreach', 'fused' (or 'default')."""
-    step_time_s: float
-    """Median seconds of optimizer.step() alone."""
-    max_difference: float
-    """Largest relative difference of the parameters from the first implementation's, after the
-    same gradients (max over tensors of max|diff| / max|reference|)."""
-
-
-class OptimizerBench(Results):
-    """optimizer.step() per implementation, measured together; ratios to the first."""
-
-    kind = "implementation"
-    header = ["implementation", "step() ms", "x first", "parameters: max relative difference"]
-
-    def __init__(self, points: Sequence[OptimizerPoint], *, optimizer: str, rounds: int, steps: int,
-                 parameters: int, tensors: int) -> None:
-        super().__init__(points)
-        self.optimizer, self.rounds, self.steps = optimizer, rounds, steps
-        self.parameters, self.tensors = parameters, tensors
-
-    @property
-    def points(self) -> list[OptimizerPoint]:
-        return self.items
-
-    def point(self, name: str) -> OptimizerPoint:
-        return self.item(name)
-
-    def rows(self) -> list[list[str]]:
-        base = self.items[0]
-        return [[p.name, f"{p.step_time_s * 1e3:.2f}", f"{p.step_time_s / base.step_time_s:.2f}",
-                 f"{p.max_difference:.1e}"] for p in self.items]
-
-    def caption(self) -> str:
-        return (f"{self.optimizer}.step() over {self.parameters:,} parameters in {self.tensors} tensors: medians of "
-                f"{self.rounds} interleaved rounds; parameters compared after {self.steps} steps from the same gradients")
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def optimizer_bench(model: nn.Module, *, optimizer: str = "adamw", impls: Sequence[str] = ("for-loop", "foreach", "fused"),
-                    lr: float = 1e-3, weight_decay: float = 0.0, rounds: int = 20, steps: int = 5,
-                    seed: int = 0) -> OptimizerBench:
-    """Time `optimizer.step()` alone for each implementation on copies of `model`'s parameters,
-    and compare the parameters they reach after `steps` updates from the same gradients.
-
-    Gradients are drawn once per step from a seeded generator (the same for every copy), so
-    any difference in the parameters is the implementations' rounding alone. Timed rounds
-    alternate the order of the implementations, so a busy machine slows them alike.
-
-    Example:
-        >>> bench = optimizer_bench(nn.Linear(16, 16), rounds=3, steps=2)
-        >>> [p.name for p in bench.points], bench.point("fused").max_difference < 1e-5
-        (['for-loop', 'foreach', 'fused'], True)
-    """
-    if unknown := [i for i in impls if i not in IMPLEMENTATIONS]:
-        raise ValueError(f"impls {unknown} are not known; use some of {list(IMPLEMENTATIONS)}")
-    for name, value in (("rounds", rounds), ("steps", steps)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} must be a whole number >= 1")
-    copies = {impl: copy.deepcopy(model) for impl in impls}
-    device = next(model.parameters()).device
-    optimizers = {impl: make_optimizer(copies[impl], SimpleNamespace(optimizer=optimizer, optimizer_impl=impl, lr=lr,
-                                                                     weight_decay=weight_decay)) for impl in impls}
-    generator = torch.Generator().manual_seed(seed)
-    shapes = [p.shape for p in model.parameters() if p.requires_grad]
-    for _ in range(steps):  # the same gradients for every copy; then the parameters reached
-        grads = [torch.randn(shape, generator=generator).to(device) for shape in shapes]
-        for impl in impls:
-            for p, g in zip((p for p in copies[impl].parameters() if p.requires_grad), grads):
-                p.grad = g.clone()
-            optimizers[impl].step()
-    reached = {impl: [p.detach() for p in copies[impl].parameters() if p.requires_grad] for impl in impls}
-    times: dict[str, list[float]] = {impl: [] for impl in impls}
-    for r in range(rounds):
-        for impl in (impls if r % 2 == 0 else list(reversed(impls))):
-            _sync(device)
-            start = time.perf_counter()
-            optimizers[impl].step()
-            _sync(device)
-            times[impl].append(time.perf_counter() - start)
-    first = impls[0]
-    points = [OptimizerPoint(impl, statistics.median(times[impl]), max_relative_difference(reached[impl], reached[first]))
-              for impl in impls]
-    return OptimizerBench(points, optimizer=optimizer, rounds=rounds, steps=steps,
-                          parameters=sum(math.prod(s) for s in shapes), tensors=len(shapes))
 
 
 # -- TF32 ----------------------------------------------------------------------------------------
