@@ -22,7 +22,7 @@ from workbench.measure.counters import (
 )
 from workbench.measure.result import RunResult
 from workbench.techniques.profiling import TIMED_PHASES, phase_times, profile_run
-from workbench.techniques.speed import (
+from workbench.techniques.speed_switches import (
     attention_kernels,
     compile_payback,
     graph_breaks,
@@ -235,7 +235,7 @@ def test_tf32_is_allowed_inside_and_restored_after():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="TF32 is a CUDA tensor-core format; no GPU here")
 def test_tf32_speeds_up_fp32_matmuls_on_an_ampere_gpu():
-    from workbench.techniques.speed import matmul_tf32_speedup
+    from workbench.techniques.speed_switches import matmul_tf32_speedup
 
     if torch.cuda.get_device_capability() < (8, 0):
         pytest.skip("TF32 needs compute capability 8.0+")

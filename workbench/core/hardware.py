@@ -25,18 +25,17 @@ from workbench.core.precisions import DTYPES, PRECISIONS
 from workbench.core.report import Report, format_bytes
 
 # Dense (no sparsity) spec-sheet peaks in TFLOP/s: reference figures from the
-# vendors' data sheets, used for MFU. fp32 means plain FP32 (no TF32); tf32 is the
-# tensor-core peak an fp32 run reaches with RunConfig(tf32=True) (Ampere and newer).
+# vendors' data sheets, used for MFU. fp32 means plain FP32 (no TF32).
 GPU_PEAK_TFLOPS: dict[str, dict[str, float]] = {
-    "H200": {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0, "tf32": 494.0},
-    "H100 SXM": {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0, "tf32": 494.0},
-    "H100 PCIe": {"bf16": 756.0, "fp16": 756.0, "fp32": 51.0, "tf32": 378.0},
-    "A100": {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5, "tf32": 156.0},
-    "L40S": {"bf16": 362.0, "fp16": 362.0, "fp32": 91.6, "tf32": 183.0},
-    "L4": {"bf16": 121.0, "fp16": 121.0, "fp32": 30.3, "tf32": 60.0},
-    "A10": {"bf16": 125.0, "fp16": 125.0, "fp32": 31.2, "tf32": 62.5},
-    "RTX 4090": {"bf16": 165.0, "fp16": 165.0, "fp32": 82.6, "tf32": 82.6},
-    "RTX 3090": {"bf16": 71.0, "fp16": 71.0, "fp32": 35.6, "tf32": 35.6},
+    "H200": {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0},
+    "H100 SXM": {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0},
+    "H100 PCIe": {"bf16": 756.0, "fp16": 756.0, "fp32": 51.0},
+    "A100": {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5},
+    "L40S": {"bf16": 362.0, "fp16": 362.0, "fp32": 91.6},
+    "L4": {"bf16": 121.0, "fp16": 121.0, "fp32": 30.3},
+    "A10": {"bf16": 125.0, "fp16": 125.0, "fp32": 31.2},
+    "RTX 4090": {"bf16": 165.0, "fp16": 165.0, "fp32": 82.6},
+    "RTX 3090": {"bf16": 71.0, "fp16": 71.0, "fp32": 35.6},
     "V100": {"fp16": 125.0, "fp32": 15.7},
     "T4": {"fp16": 65.0, "fp32": 8.1},
 }

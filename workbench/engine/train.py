@@ -140,7 +140,8 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
     meter = MemoryMeter(device)
     warnings = tuple(w for w in [hardware.emulation_warning(device.type, cfg.precision)] if w)
     # MFU against the peak the matmuls can reach: with TF32 allowed, fp32 matmuls run on tensor cores.
-    peak, peak_source = hardware.peak_flops(device.type, "tf32" if cfg.tf32 and cfg.precision == "fp32" else cfg.precision)
+    with tf32_matmuls(cfg.tf32):
+        peak, peak_source = hardware.peak_flops(device.type, cfg.precision)
     start = RunStart(
         run_name=name, total_steps=cfg.steps, device=f"{device.type}", precision=cfg.precision,
         config=cfg.to_dict(), warnings=warnings, memory_total_bytes=meter.total_bytes(),

@@ -1,4 +1,4 @@
-"""Notebook 08: speed without changing the math. What each switch needs, and what it buys.
+"""Notebook 08: speed without changing the math. What each speed switch needs, and what it buys.
 
 The switches are RunConfig fields acting in the loop (`compile`, `attention`, `optimizer_impl`,
 `tf32`; see engine/speedups.py). Here are the measurements the notebook shows beside them:
