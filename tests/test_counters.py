@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from workbench.core.models import GPT
 from workbench.core.saved import note_saved
+from workbench.measure.counters import FlopCounter as counters_flop
 from workbench.measure.counters import (
     SavedActivationCounter,
     count_flops,
@@ -156,3 +159,58 @@ def test_gpt_train_step_flops_equal_6N_per_token_plus_attention_exactly():
         F.cross_entropy(model(x).flatten(0, -2), y.flatten()).backward()
 
     assert count_flops(step) == gpt_flops_formula(n, B * S, L, H, S)
+
+
+def test_layernorm_statistics_are_about_a_quarter_h_th_of_a_layer_as_the_formula_says():
+    model = make_gpt()
+    x, _ = tokens()
+    block = model.blocks[0]
+    h0 = (model.wte(x) + model.wpe.weight[:S]).detach().requires_grad_()
+    with SavedActivationCounter(model) as layer:
+        block(h0)
+    stats = []  # the (b, s, 1) mean and rstd a LayerNorm saves (only the innermost hooks run: a second pass)
+    with torch.autograd.graph.saved_tensors_hooks(
+            lambda t: (stats.append(t) if t.shape == (B, S, 1) else None) or t, lambda t: t):
+        block(h0)
+    assert len(stats) == 4 and sum(t.numel() * t.element_size() for t in stats) == 4 * 4 * S * B
+    share = 4 * 4 * S * B / layer.bytes  # 0.31% here: about 1/(4h) = 0.39%, not 4/h = 6%
+    assert share < 1 / (4 * H) < 1.3 * share
+    doc = gpt_activation_bytes_formula.__doc__
+    assert "1/(4h)" in doc and "4/h" not in doc
+
+
+def test_a_checkpointed_blocks_input_reaches_the_outer_hooks_and_is_counted_once(monkeypatch):
+    from workbench.core.models import set_activation_checkpointing
+    from workbench.measure import counters
+
+    model = set_activation_checkpointing(make_gpt(), "all")
+    x, _ = tokens()
+
+    def count() -> int:
+        with SavedActivationCounter(model) as saved:
+            model(x)
+        return saved.bytes
+
+    reported = count()  # the hooks and note_saved both see each block's input
+    monkeypatch.setattr(counters, "listening", lambda callback: contextlib.nullcontext())
+    assert count() == reported  # torch 2.13: the hooks alone see it, so nothing is counted twice
+    inputs = []
+    for block in model.blocks:
+        block.register_forward_pre_hook(lambda module, args: inputs.append(args[0].untyped_storage()._cdata))
+    seen = set()
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: seen.add(t.untyped_storage()._cdata) or t, lambda t: t):
+        model(x)
+    assert len(inputs) == L and all(i in seen for i in inputs)
+    assert "storages are deduplicated" in SavedActivationCounter.__doc__
+
+
+def test_the_flop_counter_records_each_ops_flops_bytes_and_dtype():
+    a, b = torch.ones(4, 8), torch.ones(8, 2)
+    with counters_flop(record_ops=True) as flops:
+        (a @ b).t().relu()
+    matmul, view, relu = flops.ops
+    assert matmul == (2 * 4 * 8 * 2, 4 * (32 + 16 + 8), "fp32")  # reads a and b, writes 4x2
+    assert view == (0, 0, "fp32") and relu == (0, 4 * (8 + 8), "fp32")
+    with counters_flop(record_ops=True) as half:
+        a.bfloat16() @ b.bfloat16()
+    assert half.ops[-1][2] == "bf16" and flops.total == 128

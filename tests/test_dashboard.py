@@ -1,20 +1,22 @@
-"""The live dashboard, driven with synthetic records (no kernel, no browser)."""
+"""The live dashboard, driven with synthetic records and a fake clock (no kernel, no browser)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("ipywidgets")
+pytest.importorskip("bqplot")
 pytest.importorskip("matplotlib")
 
-from workbench.measure.records import RunEnd, RunStart, StepRecord
+from workbench.measure.records import RunEnd, RunStart, StepRecord  # noqa: E402
 from workbench.views import dashboard as dashboard_module  # noqa: E402
 from workbench.views.dashboard import Dashboard, default_sinks, headless_reason  # noqa: E402
-from workbench.views.sinks import TextSink
+from workbench.views.sinks import TextSink  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,9 +52,19 @@ def dash(clock: FakeClock) -> Dashboard:
     return Dashboard(auto_display=False, clock=clock)
 
 
+def widget_state(dash: Dashboard) -> dict:
+    """Every value a reader sees in the view."""
+    return {
+        "title": dash.title.value, "status": dash.status.value, "step": dash.step_text.value,
+        "numbers": dash.numbers.value, "details": dash.details.value, "history": dash.history.value,
+        "bar": (dash.progress.value, dash.progress.max, dash.progress.bar_style),
+        "curves": [(list(c.mark.x), list(c.mark.y)) for c in dash.plot.curves],
+    }
+
+
 def test_dashboard_shows_step_loss_and_throughput_of_the_current_run(dash, clock):
     dash.start(start(total=100, warnings=("bf16 is emulated on this CPU",)))
-    assert "baseline" in dash.title.value and dash.status.value == "running"
+    assert "baseline" in dash.title.value and "running" in dash.status.value
     assert "emulated" in dash.warnings.value and dash.warnings.layout.display is None
 
     dash.log(step(1))
@@ -66,103 +78,241 @@ def test_dashboard_shows_step_loss_and_throughput_of_the_current_run(dash, clock
     assert dash.progress.value == 50
     assert dash.values["samples_per_sec"] == "1,050"
     assert dash.values["memory"] == "3.0 MiB"
-    assert 'data-k="memory_peak"' in dash.numbers.value and "CUDA allocated peak" in dash.numbers.value
+    assert 'data-k="memory_peak"' in dash.numbers.value and "CUDA allocated, peak" in dash.numbers.value
+
+
+def test_numbers_say_which_are_the_last_interval_and_which_the_run_mean(dash, clock):
+    dash.start(start(total=200))
+    dash.log(step(50, step_time_s=0.0059, samples_per_sec=10917.0, mean_step_time_s=0.0076,
+                  mean_samples_per_sec=8451.0))
+    assert dash.values["step_time_s"] == "5.9" and dash.values["mean_step_time_s"] == "7.6"
+    assert dash.values["samples_per_sec"] == "10,917" and dash.values["mean_samples_per_sec"] == "8,451"
+    # The first interval is steps 2-50: step 1 counts bytes and FLOPs exactly and is not timed.
+    assert "last interval" in dash.numbers.value and "steps 2&ndash;50" in dash.numbers.value
+    assert "run mean" in dash.numbers.value and "so far" in dash.numbers.value
+    clock.now += 1
+    dash.log(step(60, mean_step_time_s=0.0075, mean_samples_per_sec=8500.0))
+    assert "steps 51&ndash;60" in dash.numbers.value
+
+
+def test_the_view_ends_on_the_figures_of_the_run_result(dash):
+    dash.start(start(total=100))
+    dash.log(step(100, step_time_s=0.0059, mean_step_time_s=0.00761, mean_samples_per_sec=8451.4))
+    # RunEnd.summary is the RunResult's: the view shows those, as the results table writes them.
+    dash.end(RunEnd("baseline", "ok", 100, summary={"step_time_s": 0.00759, "samples_per_sec": 8452.6}))
+    assert dash.values["mean_step_time_s"] == "7.6" and dash.values["mean_samples_per_sec"] == "8,453"
+    assert "= results table" in dash.numbers.value
+
+
+def test_a_real_run_ends_with_the_results_tables_numbers():
+    from workbench.core.config import RunConfig
+    from workbench.engine.train import run
+    from workbench.measure.result import results_table
+
+    view = Dashboard(auto_display=False)
+    result = run(RunConfig(model="mlp", data="digits", dims={"hidden": (16,)}, steps=12, log_every=5,
+                           eval_samples=0, preset="cpu-quick"), sinks=[view], name="tiny")
+    table = results_table([result])
+    row = dict(zip(table.header, table.rows[0]))
+    assert view.values["mean_step_time_s"] == row["ms / step"]
+    assert view.values["mean_samples_per_sec"] == row["samples / s"]
+    assert view.values["loss"] == row["final train loss"]
+
+
+def test_mfu_is_shown_against_a_native_peak_for_the_interval_and_the_run(dash):
+    dash.start(start(peak_flops=1e12, peak_flops_source="A100 spec sheet (dense)"))
+    dash.log(step(10, tflops_per_sec=0.25, mfu=0.25, mean_mfu=0.2, mean_step_time_s=0.125))
+    assert dash.values["mfu"] == "25.0%" and dash.values["mean_mfu"] == "20.0%"
+    assert dash.values["tflops_per_sec"] == "0.25" and dash.values["mean_tflops_per_sec"] == "0.2"
+
+
+def test_mfu_is_na_with_the_reason_when_there_is_no_native_peak(dash):
+    dash.start(RunStart("baseline", 100, "cpu", "bf16", {}, peak_flops=None,
+                        peak_flops_source="emulated on this CPU: no native peak"))
+    dash.log(step(10, tflops_per_sec=0.01))
+    assert dash.values["mfu"] == "n/a (emulated on this CPU: no native peak)"
+    assert "mean_mfu" not in dash.values
+    dash.log(step(20))  # no FLOP count at all
+    dash.end(RunEnd("baseline", "ok", 20))
+    assert dash.values["mfu"] == "n/a (FLOPs not counted)"
 
 
 def test_optional_numbers_are_shown_only_when_the_record_has_them(dash):
     dash.start(start(memory_total_bytes=8 << 30))
     dash.log(step(1))
-    for absent in ("tokens_per_sec", "tflops_per_sec", "mfu", "memory", "memory_reserved",
-                   "activation_bytes", "data_wait"):
+    for absent in ("tokens_per_sec", "tflops_per_sec", "memory", "memory_reserved", "activation_bytes",
+                   "data_wait", "mean_step_time_s"):
         assert absent not in dash.values
     dash.end(RunEnd("baseline", "ok", 1))
 
-    dash.start(start("gpt"))
-    dash.log(step(1, name="gpt", tokens_per_sec=4096.0, tflops_per_sec=0.25, mfu=0.125,
-                  memory_peak_bytes=1 << 30, memory_reserved_bytes=2 << 30, activation_bytes=1536,
-                  data_wait_s=0.025))
-    assert dash.values["tokens_per_sec"] == "4,096"
-    assert dash.values["tflops_per_sec"] == "0.25"
-    assert dash.values["mfu"] == "12.5%"
-    assert dash.values["memory_reserved"] == "2.0 GiB"
-    assert dash.values["activation_bytes"] == "1.5 KiB"
-    assert dash.values["data_wait"] == "25% of step"
+    gpt = Dashboard(auto_display=False)
+    gpt.start(start("gpt"))
+    gpt.log(step(1, name="gpt", tokens_per_sec=4096.0, mean_tokens_per_sec=4000.0, memory_peak_bytes=1 << 30,
+                 memory_reserved_bytes=2 << 30, activation_bytes=1536, data_wait_s=0.025))
+    assert gpt.values["tokens_per_sec"] == "4,096" and gpt.values["mean_tokens_per_sec"] == "4,000"
+    assert gpt.values["memory_reserved"] == "2.0 GiB"
+    assert gpt.values["activation_bytes"] == "1.5 KiB"
+    assert gpt.values["data_wait"] == "25% of a step"
 
 
-def test_dashboard_redraws_rarely_when_a_thousand_records_arrive_in_one_second(dash, clock):
+def test_the_curve_is_sent_at_least_once_a_second_but_not_for_every_record(dash, clock):
     dash.start(start(total=1000))
-    for i in range(1, 1001):
-        clock.now += 0.001
+    for i in range(1, 1001):  # a record every 10 ms for 10 s
+        clock.now += 0.01
         dash.log(step(i, total=1000))
-    assert dash.plot_redraws <= 2  # at most 1 Hz (+ the first step at once)
-    assert dash.numbers_updates <= 5  # at most 4 Hz (+ the first)
-    assert dash.progress.value < 1000  # the last step fell between updates...
+    assert 10 <= dash.plot_updates <= 21  # 1-2 Hz
+    assert dash.numbers_updates <= 41  # at most 4 Hz
+    curve = dash.plot.curves[0]
+    assert len(curve.steps) == 1000 and 950 <= max(curve.mark.x) < 1000  # the last point waits for the next update
 
     dash.end(RunEnd("baseline", "ok", 1000))
-    assert dash.progress.value == 1000  # ...and end() drew the final state
+    assert dash.progress.value == 1000  # end() drew the final state
     assert "step 1000 / 1000" in dash.step_text.value and "took" in dash.step_text.value
-    assert list(dash.runs[0].line.get_xdata())[-1] == 1000
-    assert dash.last_png is not None and dash.last_png.startswith(b"\x89PNG")
+    assert list(curve.mark.x)[-1] == 1000
 
 
-def test_failed_run_keeps_its_final_state_and_shows_the_message(dash):
+def test_a_slow_view_updates_less_often_so_it_stays_within_its_budget(dash, clock, monkeypatch):
+    draw = dash.plot.draw
+
+    def slow_draw(curve) -> None:  # 20 ms an update: 1% of 20 s allows ten
+        time.sleep(0.02)
+        draw(curve)
+
+    monkeypatch.setattr(dash.plot, "draw", slow_draw)
+    dash.start(start(total=200))
+    for i in range(1, 201):  # 20 s of records
+        clock.now += 0.1
+        dash.log(step(i, total=200))
+    assert 5 <= dash.plot_updates <= 10, dash.plot_updates
+    assert dash.live_busy_s <= 0.01 * clock.now + 0.02  # within 1% (give or take one update)
+
+
+def test_when_the_budget_is_tight_the_curve_keeps_its_pace_and_the_numbers_wait(dash, clock, monkeypatch):
+    draw = dash._draw_numbers
+
+    def slow_numbers() -> None:  # 20 ms an update
+        time.sleep(0.02)
+        draw()
+
+    monkeypatch.setattr(dash, "_draw_numbers", slow_numbers)
+    dash.start(start(total=200))
+    for i in range(1, 201):  # 20 s of records
+        clock.now += 0.1
+        dash.log(step(i, total=200))
+    assert dash.plot_updates >= 30, dash.plot_updates  # ~2 Hz, as with a cheap view
+    assert 5 <= dash.numbers_updates <= 10, dash.numbers_updates
+    assert dash.live_busy_s <= 0.01 * clock.now + 0.02
+
+
+def test_the_curve_is_hidden_until_its_first_point(dash):
     dash.start(start())
+    assert dash.plot.figure.layout.display == "none"  # no empty frame, no broken image
     dash.log(step(1))
-    dash.log(step(2))
-    dash.end(RunEnd("baseline", "failed", 2, message="loss became NaN"))
-    assert "failed: loss became NaN" in dash.status.value
-    assert dash.progress.bar_style == "danger"
-    assert dash.progress.value == 2
-    assert dash.finished[0]["status"] == "failed: loss became NaN"
-    assert "loss became NaN" in dash.history.value
+    assert dash.plot.figure.layout.display is None
 
 
-@pytest.mark.parametrize(
-    "status, style", [("ok", "success"), ("interrupted", "warning"), ("oom", "danger")]
-)
-def test_every_end_status_is_shown(dash, status, style):
-    dash.start(start())
-    dash.log(step(1))
-    dash.end(RunEnd("baseline", status, 1))
-    assert ("done" if status == "ok" else status) in dash.status.value
-    assert dash.progress.bar_style == style
+def test_an_interrupted_run_says_where_it_stopped_consistently(dash, clock):
+    dash.start(start(total=200))
+    dash.log(step(10, total=200))
+    clock.now += 2
+    dash.end(RunEnd("baseline", "interrupted", 17, message="stopped by the user at step 17"))
+    assert "interrupted" in dash.status.value and "stopped by the user" not in dash.status.value
+    assert "stopped at step 17 / 200" in dash.step_text.value and "figures from step 10" in dash.step_text.value
+    assert "interrupted at step 17 of 200" in dash.details.value and "<details" in dash.details.value
+    assert "last_result()" in dash.details.value and dash.details.layout.display is None
+    assert dash.progress.bar_style == "warning" and dash.progress.value == dash.progress.max
 
 
-def test_two_runs_draw_two_curves_and_a_table_of_finished_runs(dash, clock):
+@pytest.mark.parametrize("status, word", [("oom", "out of memory"), ("failed", "failed")])
+def test_a_failure_shows_a_short_status_a_red_bar_and_folded_details(dash, status, word):
+    message = "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79 GiB " * 3
+    dash.start(start(total=200))
+    dash.end(RunEnd("baseline", status, 1, message=message))
+    assert word in dash.status.value and "Tried to allocate" not in dash.status.value
+    assert dash.progress.bar_style == "danger" and dash.progress.value == dash.progress.max
+    assert f"{word} at step 1 of 200" in dash.details.value and "Tried to allocate" in dash.details.value
+    assert "<details" in dash.details.value and "<details open" not in dash.details.value
+    assert "no step was logged" in dash.numbers.value
+    assert dash.plot.figure.layout.display == "none" and dash.plot.png() is None
+
+
+def test_a_done_run_has_a_full_green_bar_and_no_details(dash):
+    dash.start(start(total=3))
+    dash.log(step(3, total=3))
+    dash.end(RunEnd("baseline", "ok", 3))
+    assert "done" in dash.status.value and dash.progress.bar_style == "success"
+    assert dash.details.layout.display == "none"
+
+
+def test_each_run_gets_a_view_of_its_own_that_never_changes_after_it_ends(monkeypatch, clock):
+    monkeypatch.setattr(dashboard_module, "headless_reason", lambda: None)
+    first_sinks, second_sinks = default_sinks(), default_sinks()
+    first, second = first_sinks[0], second_sinks[0]
+    assert isinstance(first, Dashboard) and isinstance(second, Dashboard) and first is not second
+    for view in (first, second):
+        view.auto_display = False
+    first.start(start("batch 32"))
+    first.log(step(1, name="batch 32"))
+    first.end(RunEnd("batch 32", "ok", 1))
+    before = widget_state(first)
+    second.start(start("batch 256"))
+    second.log(step(1, name="batch 256", loss=9.0))
+    second.end(RunEnd("batch 256", "failed", 1, message="boom"))
+    assert widget_state(first) == before
+    assert "batch 256" not in str(before)
+
+
+def test_runs_share_a_view_only_when_it_is_passed_to_each(dash, clock):
     for name in ("baseline", "amp"):
         dash.start(start(name, total=3))
         for i in (1, 2, 3):
             clock.now += 1
-            dash.log(step(i, name=name, total=3))
+            dash.log(step(i, name=name, total=3, loss=1.0 / i if name == "baseline" else 2.0 / i))
         dash.end(RunEnd(name, "ok", 3))
-    assert len(dash.ax.lines) == 2
-    assert [t.get_text() for t in dash.ax.get_legend().get_texts()] == ["baseline", "amp"]
-    assert all(len(line.get_xdata()) == 3 for line in dash.ax.lines)
-    assert [row["run"] for row in dash.finished] == ["baseline", "amp"]
+    assert [c.label for c in dash.plot.curves] == ["baseline", "amp"]
+    assert all(c.mark.display_legend for c in dash.plot.curves)
+    assert all(len(c.mark.x) == 3 for c in dash.plot.curves)
+    assert dash.history.layout.display is None and "amp" in dash.history.value
     assert "amp" in dash.title.value  # the numbers show the current run
+    assert dash.plot.overlaps == []
 
 
-def test_a_repeated_run_name_gets_its_own_legend_entry(dash):
+def test_a_single_run_view_has_no_legend_and_no_table(dash):
+    dash.start(start(total=1))
+    dash.log(step(1, total=1))
+    dash.end(RunEnd("baseline", "ok", 1))
+    assert not dash.plot.curves[0].mark.display_legend
+    assert dash.history.layout.display == "none"
+
+
+def test_curves_that_lie_on_each_other_stay_visible_and_are_named(dash, clock):
+    for name in ("fp32", "fp16", "bf16"):
+        dash.start(start(name, total=3))
+        for i in (1, 2, 3):
+            clock.now += 1
+            dash.log(step(i, name=name, total=3))  # the same losses
+        dash.end(RunEnd(name, "ok", 3))
+    styles = [c.style[:2] for c in dash.plot.curves]
+    assert len(set(styles)) == 3  # each its own dashes and markers
+    assert dash.plot.overlaps == ["fp16 (dashed, circle markers) lies on fp32",
+                                  "bf16 (dotted, square markers) lies on fp32"]
+    assert dash.plot.note.layout.display is None and "lies on" in dash.plot.note.value
+    assert "note: bf16 (dotted, square markers) lies on fp32" in dash.summary()  # what GitHub shows
+
+
+def test_a_repeated_run_name_gets_its_own_curve_label(dash):
     for _ in range(2):
         dash.start(start("baseline", total=1))
         dash.log(step(1, total=1))
         dash.end(RunEnd("baseline", "ok", 1))
-    assert [t.get_text() for t in dash.ax.get_legend().get_texts()] == ["baseline", "baseline (2)"]
-
-
-def test_clear_forgets_earlier_runs(dash):
-    dash.start(start(total=1))
-    dash.log(step(1, total=1))
-    dash.end(RunEnd("baseline", "ok", 1))
-    dash.clear()
-    assert len(dash.ax.lines) == 0 and dash.finished == [] and dash.history.value == ""
+    assert [c.label for c in dash.plot.curves] == ["baseline", "baseline (2)"]
 
 
 def test_errors_in_drawing_are_shown_and_never_reach_the_run(dash, monkeypatch):
-    def broken() -> None:
+    def broken(curve) -> None:
         raise RuntimeError("plot exploded")
 
-    monkeypatch.setattr(dash, "_draw_plot", broken)
+    monkeypatch.setattr(dash.plot, "draw", broken)
     dash.start(start())
     dash.log(step(1))  # must not raise
     dash.log(step(2, loss=None))  # a malformed record must not raise either
@@ -187,19 +337,28 @@ def test_records_from_other_ranks_are_ignored(dash):
     dash.start(start())
     dash.log(step(1))
     dash.log(step(7, rank=1))
-    assert dash.progress.value == 1 and dash.runs[0].steps == [1]
+    assert dash.progress.value == 1 and dash.plot.curves[0].steps == [1]
 
 
 def test_a_log_without_start_still_shows(dash):
     dash.log(step(3))
-    assert dash.progress.value == 3 and dash.runs[0].label == "baseline"
+    assert dash.progress.value == 3 and dash.plot.curves[0].label == "baseline"
+
+
+def test_the_view_counts_its_own_time(dash):
+    dash.start(start())
+    dash.log(step(1))
+    dash.end(RunEnd("baseline", "ok", 1))
+    assert 0 < dash.busy_s < 5
 
 
 class FakeShell:
     execution_count = 5
 
 
-def test_the_final_plot_is_displayed_once_per_cell_as_a_static_png(monkeypatch, clock):
+@pytest.fixture
+def shown(monkeypatch) -> list:
+    """What the dashboard displays, in a fake IPython cell 5."""
     import IPython.display
 
     shown: list = []
@@ -207,6 +366,8 @@ def test_the_final_plot_is_displayed_once_per_cell_as_a_static_png(monkeypatch, 
     class Handle:
         def update(self, obj) -> None:
             shown.append(("update", obj))
+            if isinstance(obj, Dashboard):
+                shown.append(("text", obj._repr_mimebundle_()["text/plain"]))
 
     def fake_display(obj, display_id=False):
         shown.append(("display", obj))
@@ -214,23 +375,46 @@ def test_the_final_plot_is_displayed_once_per_cell_as_a_static_png(monkeypatch, 
             obj._repr_mimebundle_()  # what IPython does with it
         return Handle() if display_id else None
 
-    shell = FakeShell()
-    monkeypatch.setattr(dashboard_module, "_shell", lambda: shell)
+    monkeypatch.setattr(dashboard_module, "_shell", lambda: FakeShell)
     monkeypatch.setattr(IPython.display, "display", fake_display)
+    return shown
+
+
+def test_a_finished_run_leaves_its_curve_as_a_static_png_and_a_text_summary(shown, clock):
+    dash = Dashboard(clock=clock)
+    dash.start(start("baseline", total=2))
+    dash.log(step(1, total=2))
+    dash.log(step(2, total=2, mean_step_time_s=0.0076))
+    dash.end(RunEnd("baseline", "ok", 2, summary={"step_time_s": 0.0076}))
+    kinds = [(kind, type(obj).__name__) for kind, obj in shown]
+    assert kinds == [("display", "Dashboard"), ("update", "Dashboard"), ("text", "str"), ("display", "Image")]
+    assert shown[2][1].startswith("baseline: done, step 2 / 2, 7.6 ms/step (run mean), final loss 1.0000")
+    assert shown[-1][1].data == dash.last_png and dash.last_png.startswith(b"\x89PNG")
+    assert dash.plot.figure.layout.display == "none"  # the static copy below replaces the live plot
+
+
+def test_a_shared_view_keeps_one_static_png_per_cell(shown, clock):
     dash = Dashboard(clock=clock)
     for name in ("baseline", "amp"):  # two runs in one cell
         dash.start(start(name, total=1))
         dash.log(step(1, name=name, total=1))
         dash.end(RunEnd(name, "ok", 1))
-    kinds = [(kind, type(obj).__name__) for kind, obj in shown]
-    assert kinds == [("display", "Dashboard"), ("display", "Image"), ("update", "Image")]
-    assert shown[-1][1].data == dash.last_png
-    assert dash.plot.layout.display == "none"  # the static copy below replaces the live plot
+    images = [kind for kind, obj in shown if type(obj).__name__ == "Image"]
+    assert images == ["display", "update"]
 
-    shell.execution_count = 6  # a run in the next cell shows the dashboard there too
-    dash.start(start("qat", total=1))
-    assert dash.plot.layout.display is None
-    assert [kind for kind, _ in shown[3:]] == ["display"]
+    FakeShell.execution_count = 6  # a run in the next cell shows the view there too
+    try:
+        dash.start(start("qat", total=1))
+        assert shown[-1][0] == "display" and shown[-1][1] is dash
+    finally:
+        FakeShell.execution_count = 5
+
+
+def test_a_run_that_logged_nothing_displays_no_image(shown):
+    dash = Dashboard()
+    dash.start(start(total=30))
+    dash.end(RunEnd("baseline", "oom", 1, message="out of memory"))
+    assert "Image" not in [type(obj).__name__ for _, obj in shown]
 
 
 def test_dashboard_text_form_explains_itself():
@@ -253,17 +437,10 @@ def test_default_sinks_is_text_under_pytest_and_outside_a_kernel(monkeypatch):
     assert isinstance(default_sinks()[0], TextSink)
 
 
-def test_default_sinks_is_the_shared_dashboard_in_a_live_notebook(monkeypatch):
-    monkeypatch.setattr(dashboard_module, "headless_reason", lambda: None)
-    monkeypatch.setattr(Dashboard, "_shared", None)
-    first, second = default_sinks(), default_sinks()
-    assert isinstance(first[0], Dashboard) and first[0] is second[0] is Dashboard.shared()
-
-
 def test_importing_the_dashboard_module_stays_light():
     code = (
         "import sys, workbench.views.dashboard; "
-        "heavy = [m for m in ('ipywidgets', 'matplotlib', 'IPython') if m in sys.modules]; "
+        "heavy = [m for m in ('ipywidgets', 'bqplot', 'matplotlib', 'IPython') if m in sys.modules]; "
         "assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)

@@ -8,18 +8,12 @@ import pytest
 
 from workbench import RunConfig, run
 from workbench.core.data import load_data
+from workbench.measure import estimate as estimate_module
 from workbench.measure.counters import gpt_activation_bytes_formula, gpt_flops_formula
-from workbench.measure.estimate import (
-    _freeze,
-    _measure,
-    _per_micro_batch,
-    _spec_key,
-    accelerate_estimate,
-    estimate,
-    input_spec,
-)
+from workbench.measure.estimate import accelerate_estimate, estimate, input_spec
+from workbench.techniques.peakcheck import check_peak
 
-BIG = dict(n_layer=32, n_head=32, d_model=2560)  # GPT-Neo 2.7B's shape, the seed's "3B"
+BIG = dict(n_layer=32, n_head=32, d_model=2560)  # Pythia-2.8B's shape (GPT-Neo 2.7B has 20 heads), a "3B"
 
 
 def test_input_specs_match_what_load_data_builds():
@@ -60,12 +54,72 @@ def test_estimate_is_within_5_percent_of_the_counts_run_measures(changes):
         assert [p for p, _ in pairs] == [q for _, q in pairs]
 
 
-def test_a_layer_measured_and_scaled_equals_the_whole_model_measured():
-    cfg = RunConfig(model="gpt", dims={"n_layer": 3}, activation_checkpointing="every_other", batch_size=3).resolved()
-    key = _spec_key(input_spec(cfg))
-    scaled = _per_micro_batch(cfg, key, 3)[:2]
-    whole = _measure("gpt", key, _freeze(cfg.dims), "fp32", "every_other", 3)[:2]
-    assert scaled == whole
+# mlp/cnn/gpt; fp32/bf16/fp16; accumulation 1 and >1; checkpointing none/every_other/all;
+# SGD/Adam/AdamW; odd widths, heads and lengths; GPTs deep enough to be scaled from two groups.
+PEAK_CONFIGS = {
+    "mlp fp32 adamw": dict(model="mlp"),
+    "mlp bf16 sgd accumulation 2": dict(model="mlp", precision="bf16", optimizer="sgd", grad_accum_steps=2),
+    "mlp fp16 adam": dict(model="mlp", precision="fp16", optimizer="adam", batch_size=16),
+    "cnn fp32 adam": dict(model="cnn", optimizer="adam"),
+    "cnn fp16 adamw accumulation 3": dict(model="cnn", precision="fp16", grad_accum_steps=3, batch_size=8),
+    "gpt fp32 adamw": dict(model="gpt"),
+    "gpt fp32 adamw all, 4 layers": dict(model="gpt", activation_checkpointing="all", dims=dict(n_layer=4)),
+    "gpt bf16 adamw every_other accumulation 2": dict(model="gpt", precision="bf16", grad_accum_steps=2,
+                                                      activation_checkpointing="every_other"),
+    "gpt fp16 sgd all": dict(model="gpt", precision="fp16", optimizer="sgd", activation_checkpointing="all",
+                             batch_size=2, dims=dict(n_layer=2, n_head=2, d_model=64), seq_len=32),
+    "gpt fp32 adam accumulation 4, 3 odd layers": dict(model="gpt", optimizer="adam", grad_accum_steps=4, batch_size=3,
+                                                       dims=dict(n_layer=3, n_head=3, d_model=48), seq_len=40),
+    "gpt bf16 sgd every_other, 5 layers": dict(model="gpt", precision="bf16", optimizer="sgd", batch_size=5,
+                                               activation_checkpointing="every_other",
+                                               dims=dict(n_layer=5, n_head=4, d_model=64), seq_len=48),
+    "gpt fp32 adamw every_other accumulation 2, 7 layers": dict(
+        model="gpt", activation_checkpointing="every_other", grad_accum_steps=2, batch_size=4,
+        dims=dict(n_layer=7, n_head=2, d_model=96), seq_len=24),
+}
+
+
+@pytest.mark.parametrize("changes", PEAK_CONFIGS.values(), ids=PEAK_CONFIGS.keys())
+def test_the_predicted_peak_is_the_tracked_peak_of_a_real_steady_state_step(changes):
+    # run() for 3 steps under LiveTensors; steps 2 and 3 (optimizer state made) peak alike.
+    check = check_peak(RunConfig(**changes))
+    assert check.device == "cpu"
+    assert check.predicted_bytes == check.measured_bytes, (check, f"{check.ratio - 1:+.2%}")
+
+
+@pytest.mark.parametrize("changes", [
+    dict(dims=dict(n_layer=6), activation_checkpointing="none", batch_size=4),
+    dict(dims=dict(n_layer=7), activation_checkpointing="every_other", precision="bf16", grad_accum_steps=2),
+    dict(dims=dict(n_layer=8), activation_checkpointing="all", precision="fp16", device="cuda"),
+    dict(dims=dict(n_layer=9), activation_checkpointing="every_other", device="cuda", batch_size=5),
+    dict(dims=dict(n_layer=6), precision="bf16", grad_accum_steps=3, device="cuda", optimizer="adam"),
+    dict(dims=dict(n_layer=10), activation_checkpointing="all", grad_accum_steps=2, batch_size=1, optimizer="sgd"),
+], ids=lambda c: "-".join(str(v) for v in c.values()))
+def test_two_groups_of_blocks_replayed_and_scaled_equal_the_whole_model_replayed(monkeypatch, changes):
+    device = changes.pop("device", "cpu")
+    cfg = RunConfig(model="gpt", seq_len=32, **{**changes, "dims": dict(n_head=4, d_model=64, **changes["dims"])})
+    scaled = estimate(cfg, device=device)
+    assert scaled.method.startswith("2 of") or scaled.method.startswith("5 of")
+    monkeypatch.setattr(estimate_module, "_groups", lambda c: (0, c.dims["n_layer"], 0))
+    whole = estimate(cfg, device=device)
+    assert whole.method.startswith(f"{cfg.dims['n_layer']} of")
+    assert (scaled.peak_bytes, scaled.peak_at, scaled.activation_bytes, scaled.flops_per_step) == (
+        whole.peak_bytes, whole.peak_at, whole.activation_bytes, whole.flops_per_step)
+
+
+def test_a_gpu_step_is_predicted_with_the_gpus_softmax_optimizer_and_allocator():
+    cfg = RunConfig(model="gpt", precision="bf16", batch_size=4, seq_len=64, dims=dict(n_layer=2, n_head=4, d_model=64))
+    cpu, gpu = estimate(cfg, device="cpu"), estimate(cfg, device="cuda")
+    # CUDA autocast runs softmax in fp32: the fp32 scores stay saved next to the bf16 copy
+    # the @V matmul saves, 4 more bytes per score (a*s*s*b per layer) than on a CPU.
+    assert gpu.activation_bytes - cpu.activation_bytes == 2 * 4 * (4 * 64 * 64 * 4)
+    assert gpu.runtime_bytes == 2 * (8 * 2**20 + 128 * 2**10)  # two cuBLAS workspaces (no GPU here: pre-Hopper)
+    assert gpu.resident_bytes % 512 == 0 and gpu.peak_bytes > cpu.peak_bytes
+    big = RunConfig(model="gpt", dims=BIG, seq_len=1024, batch_size=1)
+    # AdamW's foreach form on a GPU holds a square root of every moment at once: at micro-batch 1
+    # the optimizer step, not the backward, is the 2.7B model's peak there.
+    assert estimate(big, vocab_size=50257, device="cuda").peak_at == "optimizer step"
+    assert estimate(big, vocab_size=50257, device="cpu").peak_at != "optimizer step"
 
 
 def test_a_3b_gpt_is_estimated_from_its_shape_in_seconds_and_matches_the_formulas():
@@ -100,3 +154,25 @@ def test_estimate_rejects_what_it_cannot_size_with_one_line_errors():
         estimate(RunConfig(model="gpt"), vocab_size=1)
     with pytest.raises(ValueError, match="built-in data set's shape"):
         estimate(RunConfig(model="mlp", data="hub:someone/images"))
+    with pytest.raises(ValueError, match="device='tpu'"):
+        estimate(RunConfig(model="mlp"), device="tpu")
+
+
+@pytest.mark.parametrize("model, dims, seq_len, precision, checkpointing, device, group", [
+    ("gpt", {"n_layer": 2, "n_head": 4, "d_model": 64}, 32, "bf16", "all", "cuda", 1),
+    ("gpt", {"n_layer": 4, "n_head": 2, "d_model": 48}, 40, "fp32", "every_other", "cpu", 2),
+    ("mlp", {"hidden": (64, 32)}, None, "fp16", "none", "cuda", 0),
+    ("cnn", {"channels": (4, 8)}, None, "fp32", "none", "cpu", 0),
+])
+def test_a_micro_batch_read_off_the_replays_at_2_and_3_samples_equals_its_own_replay(
+        model, dims, seq_len, precision, checkpointing, device, group):
+    from workbench.measure import fakestep
+
+    cfg = RunConfig(model=model, dims=dims, seq_len=seq_len).resolved()
+    key, frozen = estimate_module._spec_key(input_spec(cfg)), estimate_module._freeze(dims)
+    for batch in (4, 13):
+        for micro_batches in (1, 2):
+            read_off = fakestep.simulate(model, key, frozen, precision, checkpointing, batch=batch,
+                                         micro_batches=micro_batches, device=device, group=group)
+            own = fakestep._replay(model, key, frozen, precision, checkpointing, batch=batch, device=device, group=group)
+            assert read_off == fakestep._materialise(own, micro_batches, round_to=512 if device == "cuda" else 1)

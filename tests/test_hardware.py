@@ -1,6 +1,7 @@
 """What the machine can do: native vs emulated dtypes, peaks, the learner's warning."""
 
 import pytest
+import torch
 
 from workbench.core import hardware
 
@@ -23,12 +24,75 @@ def test_gpu_precisions_follow_compute_capability(monkeypatch, cap, bf16, fp16):
     assert hardware.precision_support("cuda", "fp16") == fp16
 
 
-def test_known_gpus_get_their_spec_sheet_peak(monkeypatch):
-    monkeypatch.setattr(hardware, "gpu_info", lambda: hardware.GPUInfo("NVIDIA H200", 141 * 2**30, (9, 0)))
+# Device names as nvidia-smi and torch.cuda.get_device_name() report them, and the dense
+# data-sheet peak (TFLOP/s) each must get: bf16, plain fp32, fp32 on TF32.
+REPORTED = {
+    "NVIDIA H100 80GB HBM3": (989.5, 67, 494.5),
+    "NVIDIA H100 PCIe": (756.5, 51, 378),
+    "NVIDIA H100 NVL": (835.5, 60, 417.5),
+    "NVIDIA H200": (989.5, 67, 494.5),
+    "NVIDIA H200 NVL": (835.5, 60, 417.5),
+    "NVIDIA A100-SXM4-40GB": (312, 19.5, 156),
+    "NVIDIA A100-SXM4-80GB": (312, 19.5, 156),
+    "NVIDIA A100-PCIE-40GB": (312, 19.5, 156),
+    "NVIDIA A100 80GB PCIe": (312, 19.5, 156),
+    "NVIDIA L4": (121, 30.3, 60),
+    "NVIDIA L40": (181.05, 90.5, 90.5),
+    "NVIDIA L40S": (362.05, 91.6, 183),
+    "NVIDIA A10": (125, 31.2, 62.5),
+    "NVIDIA A40": (149.7, 37.4, 74.8),
+    "NVIDIA A30": (165, 10.3, 82),
+    "NVIDIA GeForce RTX 3090": (71, 35.6, 35.6),
+    "NVIDIA GeForce RTX 4090": (165.2, 82.6, 82.6),
+    "Tesla T4": (None, 8.1, None),
+    "Tesla V100-SXM2-16GB": (None, 15.7, None),
+    "Tesla V100-PCIE-32GB": (None, 14, None),
+}
+
+
+@pytest.mark.parametrize("name", REPORTED)
+def test_each_reported_gpu_name_gets_its_own_dense_data_sheet_peak(monkeypatch, name):
+    monkeypatch.setattr(hardware, "gpu_info", lambda: hardware.GPUInfo(name, 2**34, (8, 0)))
+    bf16, fp32, tf32 = REPORTED[name]
     peak, source = hardware.peak_flops("cuda", "bf16")
-    assert peak == 989e12 and "H200" in source
-    monkeypatch.setattr(hardware, "gpu_info", lambda: hardware.GPUInfo("NVIDIA A100-SXM4-40GB", 40 * 2**30, (8, 0)))
-    assert hardware.peak_flops("cuda", "fp32")[0] == 19.5e12
+    assert peak == (bf16 and bf16 * 1e12), source
+    assert hardware.peak_flops("cuda", "fp32") == (fp32 * 1e12, hardware.peak_flops("cuda", "fp32")[1])
+    assert ("TF32 off" if tf32 else "no TF32") in hardware.peak_flops("cuda", "fp32")[1]
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "high")  # TF32 allowed
+    peak, source = hardware.peak_flops("cuda", "fp32")
+    assert peak == (tf32 or fp32) * 1e12 and ("dense TF32" in source) == bool(tf32)
+
+
+@pytest.mark.parametrize("name", ["NVIDIA A10G", "NVIDIA GeForce RTX 3080", "NVIDIA B200", "NVIDIA H100",
+                                  "NVIDIA GeForce RTX 4090 D", "Some GPU"])
+def test_a_gpu_not_in_the_table_is_unknown_not_guessed(monkeypatch, name):
+    monkeypatch.setattr(hardware, "gpu_info", lambda: hardware.GPUInfo(name, 2**34, (8, 0)))
+    for precision in ("fp32", "bf16", "fp16"):
+        peak, source = hardware.peak_flops("cuda", precision)
+        assert peak is None and source.startswith("unknown GPU"), (name, precision, source)
+
+
+def test_every_table_entry_is_dense_sourced_and_reachable_by_a_reported_name():
+    for key, spec in hardware.GPU_SPECS.items():
+        assert hardware.gpu_spec_key(key) == key and spec.source and spec.memory_bandwidth > 0
+        assert spec.tflops["fp32"] <= spec.tflops.get("tf32", spec.tflops["fp32"]) <= spec.tflops.get("fp16", 1e9)
+    assert set(hardware.GPU_NAMES.values()) == set(hardware.GPU_SPECS)
+
+
+def test_an_emulated_precision_has_no_peak_so_its_mfu_is_not_a_number(monkeypatch):
+    from workbench import RunConfig, run
+    from workbench.views.sinks import RecordingSink
+
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset({"avx2", "fma"}))  # no AVX512-BF16/AMX
+    peak, source = hardware.peak_flops("cpu", "bf16")
+    assert peak is None and source.startswith("n/a: bf16 is emulated")
+    assert hardware.peak_flops("cpu", "fp32")[0] > 0
+    sink = RecordingSink()
+    result = run(RunConfig(model="mlp", data="digits", precision="bf16", steps=4, log_every=2, eval_samples=0,
+                           dims={"hidden": (16,)}, batch_size=16), sinks=[sink])
+    assert sink.starts[0].peak_flops is None and sink.starts[0].peak_flops_source.startswith("n/a")
+    assert [r.mfu for r in sink.steps] == [None, None] and all(r.tflops_per_sec for r in sink.steps[1:])
+    assert result.mfu is None and result.peak_flops is None and result.peak_flops_source.startswith("n/a")
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])

@@ -25,6 +25,7 @@ from workbench.core.models import MODEL_SPECS, MODELS
 from workbench.core.optim import IMPLEMENTATIONS, OPTIMIZERS, implementation_problem
 from workbench.core.precisions import PRECISIONS, grad_scaler_problem, scaler_kwargs
 from workbench.core.presets import PRESETS, get_preset
+from workbench.core.trainable import FREEZE_CHOICES, LORA_TARGETS
 
 # The choices of each named field, as types: validation and the CLI's choices read them
 # off the annotations (`field_choices`). Registries that already list the names (models,
@@ -36,6 +37,9 @@ PresetName = Literal[tuple(PRESETS)]
 Checkpointing = Literal["none", "all", "every_other"]
 QATScheme = Literal["none", "int8", "int4", "int3", "int2"]
 Device = Literal["auto", "cpu", "cuda"]
+FreezeChoice = Literal[tuple(FREEZE_CHOICES)]
+LoraTargets = Literal[tuple(LORA_TARGETS)]
+Sharding = Literal["none", "full"]
 CompileMode = Literal["none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 Attention = Literal["explicit", "sdpa"]
 OptimizerImpl = Literal[tuple(IMPLEMENTATIONS)]
@@ -68,7 +72,8 @@ class RunConfig:
     lr: float | None = None
     """Learning rate; None: a sensible default for the model."""
     optimizer: OptimizerName = "adamw"
-    """'adamw', 'adam' or 'sgd' (with momentum 0.9)."""
+    """'adamw', 'adam', 'sgd' (with momentum 0.9), 'adafactor' (factored second moments, no
+    momentum) or 'adamw8bit' (AdamW's state in 8 bits, torchao); see optim.OPTIMIZERS."""
     weight_decay: float = 0.0
     precision: PrecisionName = "fp32"
     """'fp32', 'fp16' (autocast + GradScaler) or 'bf16' (autocast), via accelerate."""
@@ -116,6 +121,23 @@ class RunConfig:
     """A SIMULATED device memory: after the first step, when parameters + gradients +
     optimizer state + one micro-batch's saved activations (exact counts) exceed it, the run
     stops with an out-of-memory error, as a GPU would. None: no budget."""
+    freeze: FreezeChoice = "none"
+    """Parameters that do not train (no gradient, no optimizer state): 'embeddings' (gpt,
+    minilm; the GPT's lm_head is tied to them), 'all_but_head' (only the head trains) or 'none'."""
+    freeze_layers: int = 0
+    """Also freeze the first N transformer blocks, counted from the input (gpt, minilm)."""
+    lora_rank: int = 0
+    """LoRA adapters of this rank (peft) on the `lora_targets` layers; every pretrained weight
+    is frozen and only the adapters (and MiniLM's fresh head) train. 0: no LoRA."""
+    lora_targets: LoraTargets = "attention"
+    """The Linear layers LoRA adapts: 'attention' (q, k, v and output projections) or
+    'attention_mlp' (those and the MLP's two)."""
+    lora_alpha: float | None = None
+    """LoRA's scale numerator (updates are scaled by alpha / rank); None: 2 x lora_rank."""
+    sharding: Sharding = "none"
+    """'full': split parameters, gradients and optimizer state across the processes (FSDP2
+    `fully_shard`, ZeRO stage 3); needs several processes (wb.launch). 'none': each process
+    holds the whole model state (data parallel)."""
     compile: CompileMode = "none"
     """torch.compile the model with this mode (inductor): 'default'; 'reduce-overhead' (adds CUDA
     graphs on a GPU; on a CPU the same as 'default'); 'max-autotune' (also benchmarks kernel
@@ -183,6 +205,12 @@ _TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "resume_from": ((str, os.PathLike, type(None)), "a folder path written by save_state_dir, or None"),
     "dims": ((dict, type(None)), "a dict such as {'n_layer': 4}"),
     "memory_budget_bytes": ((int, type(None)), "a whole number of bytes such as 64 * 2**20, or None"),
+    "freeze": ((str,), "'none', 'embeddings' or 'all_but_head'"),
+    "freeze_layers": ((int,), "a whole number such as 2"),
+    "lora_rank": ((int,), "a whole number such as 8 (0: no LoRA)"),
+    "lora_targets": ((str,), "'attention' or 'attention_mlp'"),
+    "lora_alpha": ((int, float, type(None)), "a number such as 16, or None"),
+    "sharding": ((str,), "'none' or 'full'"),
     "compile": ((str,), "'none', 'default', 'reduce-overhead', 'max-autotune' or 'max-autotune-no-cudagraphs'"),
     "attention": ((str,), "'explicit' or 'sdpa'"),
     "optimizer_impl": ((str,), "'default', 'for-loop', 'foreach' or 'fused'"),
@@ -301,6 +329,7 @@ def _check_values(cfg: RunConfig, r: dict[str, Any]) -> None:
         )
     _check_save_and_resume(r)
     _check_device(r)
+    _check_fewer_bytes(r)
     _check_speed(r)
     if not data.startswith("hub:"):
         size = train_size(data, r["seq_len"])
@@ -351,6 +380,56 @@ def _check_device(r: dict[str, Any]) -> None:
         )
 
 
+# all-MiniLM-L6-v2: 6 transformer layers (the "L6"); known here without loading it.
+_MINILM_LAYERS = 6
+
+
+def _check_fewer_bytes(r: dict[str, Any]) -> None:
+    """Freezing, LoRA, the optimizer's extra needs and sharding (notebook 09)."""
+    model, spec = r["model"], MODEL_SPECS[r["model"]]
+    _one_of("freeze", r["freeze"])
+    _one_of("lora_targets", r["lora_targets"])
+    _one_of("sharding", r["sharding"])
+    if r["freeze"] == "embeddings" and not spec.is_text:
+        raise ConfigError(f"freeze='embeddings' needs a model with embeddings (gpt, minilm), not model={model!r}; "
+                          "use freeze='all_but_head'")
+    layers = r["freeze_layers"]
+    if layers:
+        blocks = _MINILM_LAYERS if model == "minilm" else r["dims"].get("n_layer", 4) if model == "gpt" else 0
+        if layers < 0 or layers > blocks or not spec.has_blocks:
+            raise ConfigError(f"freeze_layers={layers} must be 0..{blocks} for model={model!r} "
+                              f"({blocks} transformer blocks); pass a count in that range")
+        if r["freeze"] == "all_but_head":
+            raise ConfigError("freeze_layers has nothing left to freeze under freeze='all_but_head'; pass freeze_layers=0")
+    if r["lora_rank"] < 0:
+        raise ConfigError(f"lora_rank={r['lora_rank']} must not be negative; pass e.g. lora_rank=8, or 0 for no LoRA")
+    alpha = r["lora_alpha"]
+    if alpha is not None and (not r["lora_rank"] or not (math.isfinite(alpha) and alpha > 0)):
+        raise ConfigError(f"lora_alpha={alpha} needs lora_rank >= 1 and a positive value; pass e.g. lora_alpha=16")
+    if r["lora_rank"]:
+        if model not in ("gpt", "minilm"):
+            raise ConfigError(f"lora_rank={r['lora_rank']} adapts transformer layers; use model='minilm' or 'gpt'")
+        if r["freeze"] != "none" or layers:
+            raise ConfigError("lora_rank freezes every pretrained weight itself; leave freeze='none' and freeze_layers=0")
+        if r["qat"] != "none":
+            raise ConfigError(f"lora_rank with qat={r['qat']!r} is not supported; pass qat='none' or lora_rank=0")
+        if importlib.util.find_spec("peft") is None:
+            raise ConfigError(f"lora_rank={r['lora_rank']} needs peft, which is not installed; "
+                              "pip install 'peft>=0.21,<0.22', or use lora_rank=0")
+    if r["optimizer"] == "adamw8bit" and importlib.util.find_spec("torchao") is None:
+        raise ConfigError("optimizer='adamw8bit' needs torchao, which is not installed; "
+                          "pip install --no-deps 'torchao>=0.18,<0.19', or use optimizer='adamw'")
+    if r["sharding"] != "none":
+        # What the sharded loop does not wire (yet): say so rather than run something else.
+        if r["precision"] != "fp32":
+            raise ConfigError(f"sharding={r['sharding']!r} trains in fp32 here (FSDP2's MixedPrecisionPolicy is not "
+                              "wired in); use precision='fp32'")
+        for name, off in (("qat", "none"), ("save_state_dir", None), ("resume_from", None)):
+            if r[name] != off:
+                raise ConfigError(f"sharding={r['sharding']!r} does not support {name} yet; "
+                                  f"pass {name}={off!r} or sharding='none'")
+
+
 def _check_speed(r: dict[str, Any]) -> None:
     """The switches of notebook 08: compile, attention, optimizer_impl, tf32."""
     import torch
@@ -368,6 +447,9 @@ def _check_speed(r: dict[str, Any]) -> None:
         if device == "cuda" and importlib.util.find_spec("triton") is None:
             raise ConfigError(f"compile={r['compile']!r} on a GPU needs triton, which is not installed: "
                               "pip install triton (the version your torch names), or use compile='none'")
+    if r["compile"] != "none" and r["sharding"] != "none":
+        raise ConfigError(f"compile={r['compile']!r} with sharding={r['sharding']!r} is not wired or tested here; "
+                          "pass compile='none' or sharding='none'")
     if r["attention"] == "sdpa" and r["model"] != "gpt":
         raise ConfigError(f"attention='sdpa' switches the GPT's attention and model={r['model']!r} is not the GPT; "
                           "use model='gpt' or attention='explicit'")

@@ -24,22 +24,93 @@ import torch
 from workbench.core.precisions import DTYPES, PRECISIONS
 from workbench.core.report import Report, format_bytes
 
-# Dense (no sparsity) spec-sheet peaks in TFLOP/s: reference figures from the
-# vendors' data sheets, used for MFU. fp32 means plain FP32 (no TF32).
-GPU_PEAK_TFLOPS: dict[str, dict[str, float]] = {
-    "H200": {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0},
-    "H100 SXM": {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0},
-    "H100 PCIe": {"bf16": 756.0, "fp16": 756.0, "fp32": 51.0},
-    "A100": {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5},
-    "L40S": {"bf16": 362.0, "fp16": 362.0, "fp32": 91.6},
-    "L4": {"bf16": 121.0, "fp16": 121.0, "fp32": 30.3},
-    "A10": {"bf16": 125.0, "fp16": 125.0, "fp32": 31.2},
-    "RTX 4090": {"bf16": 165.0, "fp16": 165.0, "fp32": 82.6},
-    "RTX 3090": {"bf16": 71.0, "fp16": 71.0, "fp32": 35.6},
-    "V100": {"fp16": 125.0, "fp32": 15.7},
-    "T4": {"fp16": 65.0, "fp32": 8.1},
+
+@dataclass(frozen=True, slots=True)
+class GPUSpec:
+    """A GPU's data-sheet figures: dense peaks (no structured sparsity) and memory bandwidth."""
+
+    tflops: dict[str, float]
+    """precision -> dense peak TFLOP/s: 'fp32' plain FP32 (no tensor cores), 'tf32' fp32
+    matmuls on TF32 tensor cores, 'bf16'/'fp16' tensor cores with fp32 accumulation (what
+    PyTorch's autocast matmuls use). A precision the card lacks is absent."""
+    memory_bandwidth: float
+    """Bytes per second."""
+    compute_capability: tuple[int, int]
+    source: str
+
+
+def _spec(fp32: float, tf32: float | None, half: float | None, bw_gbs: float, cc: tuple[int, int], source: str,
+          *, bf16: bool = True) -> GPUSpec:
+    tflops = {"fp32": fp32, **({"tf32": tf32} if tf32 else {}), **({"fp16": half} if half else {}),
+              **({"bf16": half} if half and bf16 else {})}
+    return GPUSpec(tflops, bw_gbs * 1e9, cc, source)
+
+
+# Data-sheet figures. Where a sheet gives only "with sparsity" figures (marked *), the dense
+# peak is half of it; where it gives both (dense | sparse*), the dense one is taken.
+GPU_SPECS: dict[str, GPUSpec] = {
+    "H100 SXM": _spec(67, 494.5, 989.5, 3350, (9, 0), "NVIDIA H100 data sheet (SXM5): FP32 67, TF32 989*, BF16/FP16 1,979*, 3.35 TB/s"),
+    "H100 PCIe": _spec(51, 378, 756.5, 2000, (9, 0), "NVIDIA H100 data sheet (PCIe): FP32 51, TF32 756*, BF16/FP16 1,513*, 2 TB/s"),
+    "H100 NVL": _spec(60, 417.5, 835.5, 3900, (9, 0), "NVIDIA H100 data sheet (NVL): FP32 60, TF32 835*, BF16/FP16 1,671*, 3.9 TB/s"),
+    "H200": _spec(67, 494.5, 989.5, 4800, (9, 0), "NVIDIA H200 data sheet (SXM): FP32 67, TF32 989*, BF16/FP16 1,979*, 4.8 TB/s"),
+    "H200 NVL": _spec(60, 417.5, 835.5, 4800, (9, 0), "NVIDIA H200 data sheet (NVL): FP32 60, TF32 835*, BF16/FP16 1,671*, 4.8 TB/s"),
+    "A100 SXM4 40GB": _spec(19.5, 156, 312, 1555, (8, 0), "NVIDIA A100 data sheet: FP32 19.5, TF32 156 | 312*, BF16/FP16 312 | 624*, 1,555 GB/s"),
+    "A100 SXM4 80GB": _spec(19.5, 156, 312, 2039, (8, 0), "NVIDIA A100 data sheet: FP32 19.5, TF32 156 | 312*, BF16/FP16 312 | 624*, 2,039 GB/s"),
+    "A100 PCIe 40GB": _spec(19.5, 156, 312, 1555, (8, 0), "NVIDIA A100 data sheet: FP32 19.5, TF32 156 | 312*, BF16/FP16 312 | 624*, 1,555 GB/s"),
+    "A100 PCIe 80GB": _spec(19.5, 156, 312, 1935, (8, 0), "NVIDIA A100 data sheet: FP32 19.5, TF32 156 | 312*, BF16/FP16 312 | 624*, 1,935 GB/s"),
+    "A40": _spec(37.4, 74.8, 149.7, 696, (8, 6), "NVIDIA A40 data sheet: FP32 37.4, TF32 74.8 | 149.6*, BF16/FP16 149.7 | 299.4*, 696 GB/s"),
+    "A30": _spec(10.3, 82, 165, 933, (8, 0), "NVIDIA A30 data sheet: FP32 10.3, TF32 82 | 165*, BF16/FP16 165 | 330*, 933 GB/s"),
+    "A10": _spec(31.2, 62.5, 125, 600, (8, 6), "NVIDIA A10 data sheet: FP32 31.2, TF32 62.5 | 125*, BF16/FP16 125 | 250*, 600 GB/s"),
+    "L4": _spec(30.3, 60, 121, 300, (8, 9), "NVIDIA L4 data sheet: FP32 30.3, TF32 120*, BF16/FP16 242*, 300 GB/s"),
+    "L40": _spec(90.5, 90.5, 181.05, 864, (8, 9), "NVIDIA L40 data sheet: FP32 90.5, TF32 90.5 | 181*, BF16/FP16 181.05 | 362.1*, 864 GB/s"),
+    "L40S": _spec(91.6, 183, 362.05, 864, (8, 9), "NVIDIA L40S data sheet: FP32 91.6, TF32 183 | 366*, BF16/FP16 362.05 | 733*, 864 GB/s"),
+    "T4": _spec(8.1, None, 65, 320, (7, 5), "NVIDIA T4 data sheet: FP32 8.1, FP16 mixed precision 65, 320 GB/s (no BF16, no TF32)", bf16=False),
+    "V100 SXM2": _spec(15.7, None, 125, 900, (7, 0), "NVIDIA V100 data sheet (SXM2): FP32 15.7, Tensor 125, 900 GB/s (no BF16, no TF32)", bf16=False),
+    "V100 PCIe": _spec(14, None, 112, 900, (7, 0), "NVIDIA V100 data sheet (PCIe): FP32 14, Tensor 112, 900 GB/s (no BF16, no TF32)", bf16=False),
+    "V100S PCIe": _spec(16.4, None, 130, 1134, (7, 0), "NVIDIA V100S data sheet: FP32 16.4, Tensor 130, 1,134 GB/s (no BF16, no TF32)", bf16=False),
+    "RTX 3090": _spec(35.6, 35.6, 71, 936, (8, 6), "NVIDIA Ampere GA102 whitepaper (RTX 3090): FP32 35.6, TF32 35.6/71*, FP16/BF16 with FP32 accumulate 71/142*, 936 GB/s"),
+    "RTX 4090": _spec(82.6, 82.6, 165.2, 1008, (8, 9), "NVIDIA Ada Lovelace whitepaper (RTX 4090): FP32 82.6, TF32 82.6/165.2*, FP16/BF16 with FP32 accumulate 165.2/330.4*, 1,008 GB/s"),
+}
+"""Spec key -> figures. Not here (so reported as unknown, not guessed): cards without a data
+sheet of their own, such as AWS's A10G (an A10 variant whose tensor throughput differs)."""
+
+GPU_PEAK_TFLOPS: dict[str, dict[str, float]] = {key: spec.tflops for key, spec in GPU_SPECS.items()}
+
+# The names nvidia-smi and torch.cuda.get_device_name() report, matched exactly (case and
+# spacing aside): "NVIDIA H100 PCIe" must not get the SXM figure, "NVIDIA L40" not the L4's.
+GPU_NAMES: dict[str, str] = {
+    "NVIDIA H100 80GB HBM3": "H100 SXM", "NVIDIA H100 SXM5 80GB": "H100 SXM", "NVIDIA H100 PCIe": "H100 PCIe",
+    "NVIDIA H100 NVL": "H100 NVL", "NVIDIA H200": "H200", "NVIDIA H200 NVL": "H200 NVL",
+    "NVIDIA A100-SXM4-40GB": "A100 SXM4 40GB", "NVIDIA A100-SXM4-80GB": "A100 SXM4 80GB",
+    "NVIDIA A100-PCIE-40GB": "A100 PCIe 40GB", "NVIDIA A100 80GB PCIe": "A100 PCIe 80GB",
+    "NVIDIA A40": "A40", "NVIDIA A30": "A30", "NVIDIA A10": "A10", "NVIDIA L4": "L4", "NVIDIA L40": "L40",
+    "NVIDIA L40S": "L40S", "Tesla T4": "T4", "Tesla V100-SXM2-16GB": "V100 SXM2", "Tesla V100-SXM2-32GB": "V100 SXM2",
+    "Tesla V100-PCIE-16GB": "V100 PCIe", "Tesla V100-PCIE-32GB": "V100 PCIe", "Tesla V100S-PCIE-32GB": "V100S PCIe",
+    "NVIDIA GeForce RTX 3090": "RTX 3090", "NVIDIA GeForce RTX 4090": "RTX 4090",
 }
 
+
+def _normal(name: str) -> str:
+    return " ".join(name.split()).casefold()
+
+
+def gpu_spec_key(name: str) -> str | None:
+    """The GPU_SPECS key for a reported device name, or a spec key itself; None if unknown.
+
+    Example:
+        >>> gpu_spec_key("NVIDIA H100 PCIe"), gpu_spec_key("NVIDIA L40"), gpu_spec_key("NVIDIA A10G")
+        ('H100 PCIe', 'L40', None)
+    """
+    wanted = _normal(name)
+    for key in GPU_SPECS:
+        if _normal(key) == wanted:
+            return key
+    return next((key for reported, key in GPU_NAMES.items() if _normal(reported) == wanted), None)
+
+
+def tf32_enabled() -> bool:
+    """Whether fp32 matmuls may use TF32 tensor cores (torch's default: no, 'highest')."""
+    return torch.get_float32_matmul_precision() != "highest"
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,22 +247,43 @@ def cpu_peak_flops(n: int = 512) -> float:
 
 
 def peak_flops(device: str, precision: str) -> tuple[float | None, str]:
-    """(peak FLOP/s, where the figure comes from) for MFU."""
+    """(peak FLOP/s, where the figure comes from) for MFU; (None, why) where there is none.
+
+    On a CPU: measured here, the fp32 matmul rate over the dtype's measured slowdown; None
+    where the dtype is emulated (no native peak: an MFU against the emulation's own speed
+    would read 500%). On a GPU: its data sheet's dense figure, matched by its exact name;
+    fp32 is plain FP32 unless torch lets fp32 matmuls use TF32 (the source says which).
+
+    Example:
+        >>> peak_flops("cpu", "fp32")[1]
+        'measured here (fp32 matmul, current threads)'
+    """
     if device == "cpu":
-        # Other dtypes: the fp32 peak scaled by their measured matmul speed, which is
-        # many times slower where they are emulated and faster where native (AMX, AVX512-BF16).
+        if precision != "fp32" and precision_support("cpu", precision) == "emulated":
+            return None, (f"n/a: {precision} is emulated on this CPU (no native {precision} matmul), "
+                          f"so there is no peak to hold MFU against")
+        # Other dtypes: the fp32 peak scaled by their measured matmul speed (faster where
+        # native: AMX, AVX512-BF16).
         peak = cpu_peak_flops()
         if precision != "fp32":
             peak /= cpu_matmul_slowdown(precision)
-        return peak, "measured here (matmul in this dtype, current threads)"
+        return peak, f"measured here ({precision} matmul, current threads)"
     info = gpu_info()
     if info is None:
         return None, "no GPU"
-    for key, table in GPU_PEAK_TFLOPS.items():
-        if key.lower() in info.name.lower() or key.split()[0].lower() in info.name.lower():
-            if precision in table:
-                return table[precision] * 1e12, f"{key} spec sheet (dense)"
-    return None, f"{info.name} is not in GPU_PEAK_TFLOPS"
+    key = gpu_spec_key(info.name)
+    if key is None:
+        return None, f"unknown GPU {info.name!r}: not in hardware.GPU_SPECS (no data-sheet peak, none guessed)"
+    spec = GPU_SPECS[key]
+    if precision == "fp32" and tf32_enabled() and "tf32" in spec.tflops:
+        return spec.tflops["tf32"] * 1e12, f"{key} data sheet, dense TF32 (fp32 matmuls on TF32: allowed in torch)"
+    if precision not in spec.tflops:
+        return None, f"{key} has no {precision} tensor cores"
+    note = ", dense"
+    if precision == "fp32":
+        note = " (plain FP32: the card has no TF32)" if "tf32" not in spec.tflops else (
+            " (plain FP32: TF32 off, torch's default)")
+    return spec.tflops[precision] * 1e12, f"{key} data sheet{note}"
 
 
 def emulation_warning(device: str, precision: str) -> str | None:

@@ -190,8 +190,8 @@ class GPT(nn.Module):
             x = F.dropout(x, self.dropout)
         for i, block in enumerate(self.blocks):
             if i in self.checkpointed and torch.is_grad_enabled():
-                # The checkpoint keeps x alive for the recompute, outside any outer
-                # saved-tensor hooks: report it so counted activation bytes stay exact.
+                # The checkpoint keeps x alive for the recompute: report it so counted
+                # activation bytes stay exact (torch 2.13's hooks see it too; counted once).
                 note_saved(x)
                 # No RNG state to save when there is no dropout (saves a copy per block).
                 x = checkpoint(block, x, use_reentrant=False, preserve_rng_state=self.dropout > 0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -11,6 +12,10 @@ OPTIMIZERS: dict[str, str] = {
     "adamw": "two running averages (fp32) per parameter, decoupled weight decay",
     "adam": "two running averages (fp32) per parameter",
     "sgd": "one momentum buffer per parameter (momentum 0.9)",
+    "adafactor": "a row and a column average of squared gradients per matrix, one per vector element; "
+                 "no momentum (torch.optim.Adafactor)",
+    "adamw8bit": "AdamW's two averages in 8 bits: a uint8 code per value, an fp32 scale per 256 values and "
+                 "a 256-entry table; tensors under 4,096 values keep fp32 (torchao.optim.AdamW8bit)",
 }
 
 # How torch runs an optimizer's update (the torch.optim docs' three implementations; the
@@ -34,7 +39,33 @@ def make_optimizer(model: torch.nn.Module, cfg: Any) -> torch.optim.Optimizer:
         return torch.optim.SGD(params, lr=cfg.lr, momentum=0.9, weight_decay=cfg.weight_decay, **impl)
     if cfg.optimizer == "adam":
         return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay, **impl)
+    if cfg.optimizer == "adafactor":
+        return torch.optim.Adafactor(params, lr=cfg.lr, weight_decay=cfg.weight_decay, **impl)
+    if cfg.optimizer == "adamw8bit":
+        from workbench.core.torchao_support import import_torchao
+
+        AdamW8bit = import_torchao("torchao.optim").AdamW8bit  # quietly: it logs about CUDA-only parts
+        return _eager_on_cpu(AdamW8bit(params, lr=cfg.lr, weight_decay=cfg.weight_decay, **impl))
     return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, **impl)
+
+
+def _eager_on_cpu(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """torchao's low-bit optimizers torch.compile their update once per parameter shape. On
+    this 2-core CPU the first compile took 45 s (a warm cache: 7 s), longer than a whole
+    notebook; eager steps took 0.36 s per 1.2M parameters. So on a CPU the step runs eagerly:
+    the state, and its bytes, are the same; only the speed differs (and is slow either way).
+    Decided at each step: the model reaches its device (prepare()) after the optimizer is made."""
+    step = optimizer.step
+
+    @functools.wraps(step)
+    def step_eagerly(*args: Any, **kwargs: Any) -> Any:
+        if optimizer.param_groups[0]["params"][0].device.type == "cuda":
+            return step(*args, **kwargs)
+        with torch.compiler.set_stance("force_eager"):
+            return step(*args, **kwargs)
+
+    optimizer.step = step_eagerly
+    return optimizer
 
 
 def implementation_problem(cfg: Any) -> str | None:

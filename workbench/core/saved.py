@@ -1,10 +1,11 @@
 """Tensors a model keeps for backward that autograd's saved-tensor hooks do not see.
 
-Non-reentrant activation checkpointing keeps a block's input alive for the recompute,
-but that tensor never passes through an outer `saved_tensors_hooks` pair (the checkpoint
-installs its own, innermost, hooks). Models that checkpoint call `note_saved` on it; the
-exact counter (`workbench.measure.counters.SavedActivationCounter`) listens while it is
-active. The hook point lives here, with the models, so the models need not import the
+Non-reentrant activation checkpointing keeps a block's input alive for the recompute.
+Whether that tensor passes through an outer `saved_tensors_hooks` pair depends on the
+torch version (on 2.13 it does: `checkpoint` stores it as an autograd SavedTensor before
+installing its own, innermost, hooks), so models that checkpoint also call `note_saved` on
+it; the exact counter (`workbench.measure.counters.SavedActivationCounter`) listens while
+it is active and counts each storage once, however often it is reported. The hook point lives here, with the models, so the models need not import the
 measuring code: measure depends on core, never the reverse.
 """
 

@@ -77,7 +77,8 @@ def build_result(*, cfg: RunConfig, name: str, status: str, message: str, state:
         data_wait_fraction=timing.data_wait_fraction() if timing else None,
         memory=memory, eval_loss=eval_loss, accuracy=accuracy, device=device.type,
         warnings=warnings, wall_s=wall_s, num_processes=num_processes,
-        loss_scales=state.loss_scales, skipped_steps=state.skipped_steps, first_step_s=state.first_step_s,
+        loss_scales=state.loss_scales, skipped_steps=state.skipped_steps, peak_flops=peak,
+        first_step_s=state.first_step_s,
     )
 
 

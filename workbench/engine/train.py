@@ -24,9 +24,11 @@ from workbench.core import hardware
 from workbench.core.config import RunConfig
 from workbench.core.models import MODEL_SPECS, loss_fn
 from workbench.core.optim import make_optimizer
+from workbench.core.trainable import apply_trainable
 from workbench.engine import resume
 from workbench.engine.accelerator import loss_scale, make_accelerator
 from workbench.engine.speedups import LoopPhases, compile_model, tf32_matmuls
+from workbench.engine.sharding import gathered, shard_model
 from workbench.engine.state import LoopState, build_result, evaluate
 from workbench.measure import oom
 from workbench.measure.counters import (
@@ -68,6 +70,11 @@ class RunInterrupted(KeyboardInterrupt):
         super().__init__(f"{result.name}: {result.message}; the partial result is "
                          "workbench.last_result() (or this exception's .result)")
         self.result = result
+
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows for it: this line, not a screen of library frames under the
+        run's view (the cell still ends in error, so Run All stops here)."""
+        return [f"RunInterrupted: {self}"]
 
 
 _last_results: list[RunResult] = []
@@ -116,11 +123,19 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
     model = build_model(cfg.model, data=bundle, dims=cfg.dims, seed=cfg.seed)
     set_activation_checkpointing(model, cfg.activation_checkpointing)  # technique: checkpointing
     set_attention(model, cfg.attention)  # technique: fused attention ('sdpa': F.scaled_dot_product_attention)
+    # technique: train fewer parameters. A frozen parameter (freeze=, freeze_layers=) gets no
+    # gradient and no optimizer state; LoRA (lora_rank=) freezes them all and adds small adapters.
+    model = apply_trainable(model, cfg)
     if cfg.qat != "none":  # technique: QAT. Linear layers now fake-quantize in forward
         from workbench.engine.qat import prepare_qat
 
         prepare_qat(model, bits=int(cfg.qat.removeprefix("int")))
-    optimizer = make_optimizer(model, cfg)  # technique: fused / foreach optimizer (cfg.optimizer_impl)
+    sharded = cfg.sharding != "none"
+    if sharded:  # technique: sharding. Each process keeps ~1/N of parameters, gradients, optimizer state
+        model = shard_model(model)
+    # technique: fused / foreach optimizer (cfg.optimizer_impl). The trainable parameters only (the
+    # shards, when sharded).
+    optimizer = make_optimizer(model, cfg)
     loader = build_dataloader(
         bundle.train, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed,
         num_workers=cfg.num_workers, pin_memory=cfg.pin_memory,  # technique: input pipeline
@@ -128,7 +143,10 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
     )
     # prepare() moves the model and wraps its forward in autocast for fp16/bf16; the
     # GradScaler that accelerator.backward uses for fp16 was made with the Accelerator.
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    if not sharded:
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    else:  # not the model: accelerate would wrap it in DDP as well (on CPU it ignores its FSDP plugin)
+        optimizer, loader = accelerator.prepare(optimizer, loader)
     state = LoopState()
     if cfg.resume_from:  # technique: save and resume. Model, optimizer, RNGs, data position, curve so far
         resume.restore(accelerator, cfg, state, loader)
@@ -156,7 +174,8 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
             with tf32_matmuls(cfg.tf32):  # technique: TF32 (CUDA fp32 matmuls on tensor cores), training only
                 _train(cfg, name, accelerator, trained, optimizer, loader, meter, peak, sinks, state)
             if cfg.eval_samples:
-                eval_loss, accuracy = evaluate(accelerator, model, bundle.test, cfg)
+                with gathered(model) if sharded else nullcontext():  # sharded: whole weights, no collective per batch
+                    eval_loss, accuracy = evaluate(accelerator, model, bundle.test, cfg)
         except KeyboardInterrupt:
             status, message = "interrupted", f"stopped by the user at step {state.step}"
         except torch.OutOfMemoryError as error:

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
 from workbench.core.saved import listening
 
@@ -32,6 +32,8 @@ __all__ = [
     "parameter_bytes",
     "gradient_bytes",
     "optimizer_state_bytes",
+    "shard_rows",
+    "sharded_bytes",
     "SavedActivationCounter",
     "FlopCounter",
     "count_flops",
@@ -53,37 +55,82 @@ def _storage_bytes(t: torch.Tensor) -> int:
     return t.untyped_storage().nbytes()
 
 
+def _held(t: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors that hold `t`'s data in this process: `t` itself, or a wrapper
+    subclass's inner tensors. A DTensor (a parameter sharded by FSDP) holds only its local
+    shard, though `numel()` reports the whole; torchao's 8-bit optimizer state reports
+    float32 but holds uint8 codes, a float32 scale per block and a 256-entry lookup table."""
+    if not is_traceable_wrapper_subclass(t):
+        return [t]
+    names, _ = t.__tensor_flatten__()
+    inner = (getattr(t, name) for name in names)  # a DTensor also lists its device mesh
+    return [leaf for x in inner if isinstance(x, torch.Tensor) for leaf in _held(x)]
+
+
+def _held_bytes(t: torch.Tensor) -> int:
+    return sum(leaf.numel() * leaf.element_size() for leaf in _held(t))
+
+
 def parameter_bytes(model: nn.Module) -> int:
-    """Bytes held by the model's parameters (tied parameters counted once; buffers not)."""
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    """Bytes this process holds for the model's parameters (tied parameters counted once;
+    buffers not; a sharded parameter: its local shard)."""
+    return sum(_held_bytes(p) for p in model.parameters())
 
 
 def gradient_bytes(model: nn.Module, *, expected: bool = False) -> int:
-    """Bytes of the parameters' gradients.
+    """Bytes of the parameters' gradients (a sharded parameter's: its local shard).
 
     By default counts the `.grad` tensors that exist now (0 before the first backward,
     or after `zero_grad(set_to_none=True)`). With `expected=True` counts what a backward
-    will allocate: one gradient, of the parameter's dtype, per parameter that requires grad.
+    will allocate: one gradient, of the parameter's dtype, per parameter that requires grad
+    (a frozen parameter gets none).
     """
     if expected:
-        return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    return sum(p.grad.numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None)
+        return sum(_held_bytes(p) for p in model.parameters() if p.requires_grad)
+    return sum(_held_bytes(p.grad) for p in model.parameters() if p.grad is not None)
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     """Bytes of every tensor in the optimizer's state (AdamW: exp_avg, exp_avg_sq and the
-    per-parameter `step` scalar tensor), each storage counted once. 0 before the first step,
-    since PyTorch optimizers create their state lazily."""
+    per-parameter `step` scalar tensor), each storage counted once; what this process holds
+    (a sharded state: its local shard; quantized state: its codes, scales and tables). 0
+    before the first step, since PyTorch optimizers create their state lazily."""
     seen: set[int] = set()
     total = 0
     for state in optimizer.state.values():
         for value in state.values():
             if isinstance(value, torch.Tensor):
-                key = _storage_key(value)
-                if key not in seen:
-                    seen.add(key)
-                    total += value.numel() * value.element_size()
+                for leaf in _held(value):
+                    key = _storage_key(leaf)
+                    if key not in seen:
+                        seen.add(key)
+                        total += leaf.numel() * leaf.element_size()
     return total
+
+
+def shard_rows(rows: int, processes: int, rank: int) -> int:
+    """Rows of a `rows`-row tensor that `rank` holds when FSDP2 shards it along its first
+    dimension: ceil(rows/N) per rank, in rank order, so the last ranks may hold fewer (or none).
+
+    Example:
+        >>> [shard_rows(7, 2, r) for r in (0, 1)]
+        [4, 3]
+    """
+    per_rank = -(-rows // processes)
+    return max(0, min(per_rank, rows - rank * per_rank))
+
+
+def sharded_bytes(tensors: Iterable[torch.Tensor], *, processes: int, rank: int) -> int:
+    """Bytes `rank` holds of these (unsharded) tensors once each is split along its first
+    dimension across `processes` (`shard_rows`): the exact figure `parameter_bytes` reads
+    from a sharded model, computed from the shapes alone (real, meta or fake tensors).
+
+    Example:
+        >>> sharded_bytes([torch.zeros(7, 3)], processes=2, rank=1)  # 3 rows x 3 x 4 bytes
+        36
+    """
+    return sum(shard_rows(t.shape[0], processes, rank) * (t.numel() // t.shape[0]) * t.element_size()
+               for t in tensors if t.dim() > 0 and t.shape[0] > 0)
 
 
 class SavedActivationCounter:
@@ -99,6 +146,13 @@ class SavedActivationCounter:
     Storages are keyed by their address: if a saved storage is freed inside the context
     (a backward, then a second forward) a new one at the same address would be missed,
     so count one forward (or one forward+backward) per context.
+
+    Activation checkpointing: the input a checkpointed block keeps for its recompute is
+    counted once. On torch 2.13 it reaches these hooks itself (non-reentrant `checkpoint`
+    stores it as an autograd SavedTensor before installing its own, innermost, hooks), and
+    the models also report it through `core.saved.note_saved` (for versions and wrappers
+    where it does not); both land on the same storage, and storages are deduplicated. A
+    3-layer GPT checkpointing 'all' counts 480,004 bytes with and without `note_saved`.
 
     Attributes:
         bytes: total bytes of unique saved storages.
@@ -153,7 +207,8 @@ class SavedActivationCounter:
         return t
 
     def __enter__(self) -> SavedActivationCounter:
-        # models report what checkpointing keeps outside the hooks (core.saved.note_saved)
+        # models also report what a checkpoint keeps for its recompute (core.saved.note_saved);
+        # where the hooks below see it too, the shared storage is counted once
         self._listening = listening(self._add)
         self._listening.__enter__()
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
@@ -190,12 +245,15 @@ class FlopCounter(TorchDispatchMode):
         128
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, record_ops: bool = False) -> None:
         super().__init__()
         from torch.utils.flop_counter import flop_registry
 
         self._registry = {**flop_registry, **_cpu_attention_flops()}
         self.total = 0
+        self.ops: list[tuple[int, int, str]] | None = [] if record_ops else None
+        """With record_ops: (FLOPs, bytes read and written, dtype) of every op run, in order
+        (views move no bytes; the dtype is a 16-bit one if any operand has it, else 'fp32')."""
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -215,9 +273,25 @@ class FlopCounter(TorchDispatchMode):
                 if out is not NotImplemented:
                     return out
         out = func(*args, **kwargs)
-        if packet in self._registry:
-            self.total += int(self._registry[packet](*args, **kwargs, out_val=out))
+        flops = int(self._registry[packet](*args, **kwargs, out_val=out)) if packet in self._registry else 0
+        self.total += flops
+        if self.ops is not None:
+            self.ops.append((flops, *_op_traffic(func, (args, kwargs, out))))
         return out
+
+
+_HALF = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def _op_traffic(func: Any, operands: Any) -> tuple[int, str]:
+    """(bytes an op reads and writes, the 16-bit dtype it computes in or 'fp32')."""
+    from torch.utils._pytree import tree_flatten
+
+    if any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns):
+        return 0, "fp32"  # a view: no data moves
+    tensors = [t for t in tree_flatten(operands)[0] if isinstance(t, torch.Tensor)]
+    half = next((_HALF[t.dtype] for t in tensors if t.dtype in _HALF), "fp32")
+    return sum(t.numel() * t.element_size() for t in tensors), half
 
 
 def _cpu_attention_flops() -> dict[Any, Callable[..., int]]:
@@ -301,7 +375,8 @@ def gpt_activation_bytes_formula(
     So per layer: bytes_per_element · (16sbh + as²b + 4sb); in fp32 that is 64sbh + 4as²b
     + 16sb, i.e. exactly the paper's 32sbh + 2as²b (its 34 minus two masks, its 5 minus the
     mask and the dropout output) at twice the bytes, plus the LayerNorm statistics the
-    paper neglects (they are 4/h of a layer: 6% at h=64, so not negligible here). Q, K, V
+    paper neglects: 4sb against about 16sbh, so about 1/(4h) of a layer (0.39% at h=64,
+    0.31% with the attention term at s=64, a=4), small, but counted here to be exact. Q, K, V
     are separate copies because `matmul` makes the head-transposed views contiguous
     before its batched bmm; the fused qkv output itself is not saved.
 

@@ -1,20 +1,25 @@
 """Estimate a training step's memory and FLOPs before running it, without allocating.
 
-`estimate(config)` builds the config's model under `FakeTensorMode` (tensors with shapes
-and dtypes but no storage: nothing is allocated, so a 3B-parameter model costs nothing)
-and measures, with the same exact counters `run()` uses:
+`estimate(config)` replays `run()`'s training step on fake tensors (`measure.fakestep`:
+shapes and dtypes, no storage, so a 3B-parameter model costs nothing) and reads off, with
+the same exact counters `run()` uses:
 
 - parameter, gradient and optimizer-state bytes: the full model, one fake optimizer step;
-- saved-activation bytes of one micro-batch: `SavedActivationCounter` on a fake forward
+- saved-activation bytes of one micro-batch: `SavedActivationCounter` on the forward
   (autocast on, as accelerate does it) and the loss;
-- FLOPs: `FlopCounterMode` on the fake forward and backward (recompute included);
-- temporaries (gradients of activations, logits, a checkpointed block's recompute):
-  torch's `MemTracker` on the same fake step, its peak less the counted parts.
+- FLOPs: `FlopCounter` on the forward and backward (recompute included);
+- the peak: the most bytes live at any moment of a steady-state step (the optimizer state
+  made; the previous micro-batch's logits still held by the loop), followed tensor by tensor
+  with `measure.live.LiveTensors`. Not a sum of upper bounds: at accumulation 1 the
+  gradients appear as the activations go; with accumulation a later micro-batch adds into
+  gradients that are already there; the optimizer step has its own temporaries.
 
-A GPT is measured one layer at a time: a 0-layer and a 1-layer copy (with and without
-checkpointing), scaled by the number of layers, so a 32-layer model costs the same seconds
-as a 2-layer one. Activations, temporaries and FLOPs are measured at micro-batches 1 and 2
-and extrapolated linearly (saved activations and FLOPs are exactly linear in the batch).
+The device matters to the peak (`device=`, default the config's): a GPU rounds every
+allocation to 512 bytes, runs softmax in fp32 under autocast, takes the optimizer's foreach
+form and keeps two cuBLAS workspaces; a CPU holds the data loader's next batch too.
+
+A GPT is replayed with two groups of blocks and scaled to its depth (the blocks are
+identical, so every moment's live bytes are affine in the number of groups between them).
 
 `accelerate_estimate(config)` is 🤗 accelerate's `estimate-memory` rule on the same model,
 for comparison: it counts model state only (no activations) and its training figure is the
@@ -27,23 +32,18 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import gc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
-
-import torch
-from torch import nn
 
 from workbench.core.config import RunConfig
 from workbench.core.data import DATASETS
 from workbench.core.models import MODEL_SPECS
-from workbench.core.precisions import AUTOCAST_DTYPES, DTYPES
+from workbench.core.precisions import DTYPES
 from workbench.core.report import Report, counted_rows, format_bytes
+from workbench.measure import fakestep
 
-__all__ = ["Estimate", "estimate", "accelerate_estimate", "input_spec"]
+__all__ = ["Estimate", "accelerate_estimate", "estimate", "input_spec"]
 
 _BYTE_VOCAB = 256  # the byte-level language-modelling data
 
@@ -53,7 +53,7 @@ class Estimate(Report):
     """Predicted memory of one training step (bytes) and its FLOPs, before running it.
 
     `counted_bytes` holds the four parts `run()` counts exactly (RunResult.memory);
-    `peak_bytes` adds buffers and temporaries: the figure to hold against a device.
+    `peak_bytes` is what is live at the step's worst moment: the figure to hold against a device.
     """
 
     config: RunConfig
@@ -65,12 +65,26 @@ class Estimate(Report):
     optimizer_state_bytes: int
     activation_bytes: int
     """Saved for backward by one micro-batch."""
-    temporary_bytes: int
-    """Transient peak beyond the parts above (MemTracker on the fake step)."""
     flops_per_step: int
     """One optimizer step: every micro-batch's forward and backward (and recompute)."""
+    peak_bytes: int
+    """The most bytes live at any moment of a steady-state step on `device`."""
+    peak_at: str
+    """Where in the step the peak falls."""
+    resident_bytes: int
+    """Parameters, buffers and optimizer state as the device holds them, all step long."""
+    runtime_bytes: int = 0
+    """Allocations outside tensors that the peak includes: two cuBLAS workspaces on a GPU."""
+    device: str = "cpu"
     vocab_size: int | None = None
     method: str = ""
+    trainable_parameter_count: int | None = None
+    """Parameters that train (freezing and LoRA leave the rest without gradient and optimizer state)."""
+    processes: int = 1
+    """Processes the model state is sharded over (sharding='full'); the model-state bytes are
+    then one process's share (rank 0's, the largest)."""
+    ops: fakestep.StepOps | None = field(default=None, repr=False, compare=False)
+    """Every op of the step (FLOPs, bytes, dtype): what a roofline needs (see roofline_seconds)."""
 
     @property
     def model_state_bytes(self) -> int:
@@ -82,28 +96,40 @@ class Estimate(Report):
         return self.model_state_bytes + self.activation_bytes
 
     @property
-    def peak_bytes(self) -> int:
-        """`counted_bytes` + buffers + temporaries: the predicted peak of a step.
+    def transient_bytes(self) -> int:
+        """Live at the peak beyond the resident state: gradients, activations, batches, temporaries."""
+        return self.peak_bytes - self.resident_bytes - self.runtime_bytes
 
-        A sum, so an upper bound when gradients are freed between steps (accumulation 1),
-        and close when they persist across micro-batches (accumulation > 1)."""
-        return self.counted_bytes + self.buffer_bytes + self.temporary_bytes
+    def roofline_seconds(self, peaks: dict[str, float], bandwidth: float | None) -> float:
+        """A lower bound on the step's time on a device with these peak FLOP/s per dtype and
+        this memory bandwidth (bytes/s): every op at the slower of the two, back to back."""
+        if self.ops is None:
+            raise ValueError("this Estimate carries no ops; make it with estimate()")
+        return self.ops.seconds(peaks, bandwidth)
 
     header = ("part", "estimate")
 
     def rows(self) -> list[tuple[str, str]]:
-        return [
+        rows = [
             *counted_rows(self),
             ("buffers", format_bytes(self.buffer_bytes)),
-            ("temporaries (estimated)", format_bytes(self.temporary_bytes)),
-            ("predicted peak", format_bytes(self.peak_bytes)),
-            ("FLOPs per optimizer step", f"{self.flops_per_step:.3g}"),
+            ("at the peak: gradients, activations, batches, temporaries", format_bytes(self.transient_bytes)),
         ]
+        if self.runtime_bytes:
+            rows.append(("cuBLAS workspaces", format_bytes(self.runtime_bytes)))
+        return [*rows, (f"predicted peak ({self.peak_at})", format_bytes(self.peak_bytes)),
+                ("FLOPs per optimizer step", f"{self.flops_per_step:.3g}")]
 
     def caption(self) -> str:
         c = self.config
-        return (f"{c.model} {self.parameter_count / 1e6:,.1f}M params, {c.precision}, micro-batch "
-                f"{c.batch_size} x {c.grad_accum_steps}, checkpointing {c.activation_checkpointing}")
+        fewer = ""  # notebook 09's switches, when used
+        if self.trainable_parameter_count is not None and self.trainable_parameter_count != self.parameter_count:
+            fewer += f", {self.trainable_parameter_count:,} of them trained"
+        if self.processes > 1:
+            fewer += f", model state: one of {self.processes} processes' shares"
+        return (f"{c.model} {self.parameter_count / 1e6:,.1f}M params{fewer}, {c.precision}, micro-batch "
+                f"{c.batch_size} x {c.grad_accum_steps}, checkpointing {c.activation_checkpointing}, "
+                f"on {self.device}")
 
 
 def input_spec(config: RunConfig, *, vocab_size: int | None = None) -> SimpleNamespace:
@@ -137,139 +163,116 @@ def _freeze(dims: dict[str, Any]) -> tuple:
     return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in dims.items()))
 
 
-@functools.cache
-def _fake_mode():
-    from torch._subclasses.fake_tensor import FakeTensorMode
+def _groups(cfg: RunConfig) -> tuple[int, int, int]:
+    """(blocks per group, layers replayed, groups scaled in) for a GPT; (0, 0, 0) otherwise.
 
-    # Plain CPU fake tensors: CPU autocast applies to them (it would not to 'meta' ones).
-    # One mode for every estimate: it caches each op's output shapes, and the proxies
-    # repeat the same ops at the same shapes (about halves the time of a plan).
-    return FakeTensorMode(allow_non_fake_inputs=False)
-
-
-def _build(model_name: str, spec_key: tuple, dims: tuple) -> nn.Module:
-    from workbench.core.models import build_model
-
-    task, shape, classes, vocab = spec_key
-    spec = SimpleNamespace(name="estimate", task=task, input_shape=shape, num_classes=classes,
-                           vocab_size=vocab, pad_token_id=None)
-    return build_model(model_name, data=spec, dims=dict(dims))
-
-
-@functools.lru_cache(maxsize=64)
-def _model_state(model_name: str, spec_key: tuple, dims: tuple, optimizer: str) -> tuple[int, int, int, int, int]:
-    """(parameter count, parameter, buffer, gradient, optimizer-state bytes) of the full model."""
-    from workbench.core.optim import make_optimizer
-    from workbench.measure.counters import (
-        gradient_bytes,
-        optimizer_state_bytes,
-        parameter_bytes,
-    )
-
-    with _fake_mode():
-        model = _build(model_name, spec_key, dims)
-        for p in model.parameters():  # what a backward would leave: one gradient per parameter
-            p.grad = torch.zeros_like(p)
-        # The optimizer creates its state lazily, at its first step: take one, on fake tensors.
-        opt = make_optimizer(model, RunConfig(model=model_name, optimizer=optimizer).resolved())
-        opt.step()
-        count = sum(p.numel() for p in model.parameters())
-        buffers = sum(b.numel() * b.element_size() for b in model.buffers())
-        return (count, parameter_bytes(model), buffers, gradient_bytes(model, expected=True),
-                optimizer_state_bytes(opt))
-
-
-@functools.lru_cache(maxsize=256)
-def _measure(model_name: str, spec_key: tuple, dims: tuple, precision: str, checkpointing: str,
-             batch: int) -> tuple[int, int, int]:
-    """(saved-activation bytes, FLOPs, temporary bytes) of one fake forward + backward."""
-    from torch.distributed._tools.mem_tracker import MemTracker
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from workbench.core.models import loss_fn, set_activation_checkpointing
-    from workbench.measure.counters import SavedActivationCounter
-
-    task, shape, classes, vocab = spec_key
-    with _fake_mode():
-        model = _build(model_name, spec_key, dims)
-        set_activation_checkpointing(model, checkpointing)
-        if task == "language_modeling":
-            inputs = torch.zeros(batch, *shape, dtype=torch.long)
-            labels = torch.zeros(batch, *shape, dtype=torch.long)
-        else:
-            inputs, labels = torch.zeros(batch, *shape), torch.zeros(batch, dtype=torch.long)
-        tracker = MemTracker()
-        tracker.track_external(model)
-        autocast = (torch.autocast("cpu", dtype=AUTOCAST_DTYPES[precision]) if precision in AUTOCAST_DTYPES
-                    else contextlib.nullcontext())
-        # The tracked peak depends on when fake tensors are freed: by reference counts
-        # alone, it is the same everywhere; a garbage collection landing mid-step (its
-        # timing depends on everything the process allocated before) would move it.
-        gc.collect()
-        gc.disable()
-        try:
-            with tracker, FlopCounterMode(display=False) as flops:
-                with SavedActivationCounter(model) as saved:
-                    with autocast:  # as accelerate wraps forward: autocast inside, fp32 outputs out
-                        logits = model(inputs)
-                    loss = loss_fn(logits.float(), labels)
-                loss.backward()
-        finally:
-            gc.enable()
-        peak = {getattr(k, "value", k): v for k, v in next(iter(tracker.get_tracker_snapshot("peak").values())).items()}
-        # Temporaries: what the peak holds beyond model state and the saved activations.
-        temporary = peak["Total"] - peak["Parameter"] - peak["Buffer"] - peak["Gradient"] - saved.bytes
-        return saved.bytes, int(flops.get_total_flops()), max(0, temporary)
-
-
-def _per_micro_batch(cfg: RunConfig, spec_key: tuple, batch: int) -> tuple[int, int, int, str]:
-    """(activations, FLOPs, temporaries, method) of one micro-batch of `batch` samples."""
-    dims = _freeze(cfg.dims)
-    ckpt = cfg.activation_checkpointing
+    A group is one block, or under 'every_other' a checkpointed block and a plain one. Two
+    groups (and an odd block left over) are replayed; the groups between them are scaled in."""
     if cfg.model != "gpt":
-        saved, flops, temp = _measure(cfg.model, spec_key, dims, cfg.precision, ckpt, batch)
-        return saved, flops, temp, "whole model on fake tensors"
-    n_layer = cfg.dims.get("n_layer", 4)
-    checkpointed = {"none": 0, "all": n_layer, "every_other": (n_layer + 1) // 2}[ckpt]
-    # Blocks are identical: measure 0 and 1 layer, then every block adds the same again.
-    base = _measure("gpt", spec_key, _freeze({**cfg.dims, "n_layer": 0}), cfg.precision, "none", batch)
-    totals = list(base)
-    temp = base[2]
-    for setting, blocks in (("none", n_layer - checkpointed), ("all", checkpointed)):
-        if blocks == 0:
-            continue
-        one = _measure("gpt", spec_key, _freeze({**cfg.dims, "n_layer": 1}), cfg.precision, setting, batch)
-        for i in (0, 1):
-            totals[i] += blocks * (one[i] - base[i])
-        temp = max(temp, one[2])  # temporaries do not add up across layers: the largest
-    return totals[0], totals[1], temp, f"1 layer of {n_layer} on fake tensors, scaled"
+        return 0, 0, 0
+    layers = cfg.dims.get("n_layer", 4)
+    size = 2 if cfg.activation_checkpointing == "every_other" else 1
+    replayed = min(layers, 2 * size + layers % size)
+    scaled = (layers - replayed) // size
+    return (size if scaled else 0), replayed, scaled
 
 
-def estimate(config: RunConfig, *, vocab_size: int | None = None) -> Estimate:
+def _peak(sim: fakestep.Simulation, scaled: int, micro_batches: int) -> tuple[int, str, int]:
+    """(peak of the micro-batches, where it falls, live bytes after the last backward), with
+    `scaled` more groups of blocks than the replay had."""
+    best, where, carry, start = -1, "", 0, 0
+    for micro in range(1, micro_batches + 1):
+        mark = {k.rsplit(".", 1)[0]: v for k, v in sim.marks.items() if k.endswith(f".{micro}")}
+        end = mark["end"].index
+        # (first event, last event + 1, what each scaled group adds then)
+        if scaled:
+            f0, f1, done, b1, b0 = mark["F0"], mark["F1"], mark["forward_end"], mark["B1"], mark["B0"]
+            forward, backward = f1.level - f0.level, b0.level - b1.level
+            kept = forward - sim.let_go[micro - 1]  # after the forward, autocast's weight casts are gone
+            spans = [(start, f0.index, carry), (f0.index, done.index, carry + forward),
+                     (done.index, b1.index, carry + kept), (b1.index, end, carry + kept + backward)]
+            carry += kept + backward
+        else:
+            spans = [(start, end, 0)]
+        for lo, hi, extra in spans:
+            for i in range(lo, hi):
+                level = sim.levels[i] + scaled * extra
+                if level > best:
+                    best, where = level, (micro, i)
+        start = end
+    micro, i = where
+    phase = "forward" if i < sim.marks[f"backward.{micro}"].index else "backward"
+    return best, f"{phase}, {'first micro-batch' if micro == 1 else 'later micro-batch'}", sim.end_bytes + scaled * carry
+
+
+def estimate(config: RunConfig, *, vocab_size: int | None = None, device: str | None = None,
+             processes: int = 1) -> Estimate:
     """Predict the memory and FLOPs of one training step of `config`, allocating nothing.
 
     Args:
         config: the run (model, dims, micro-batch, seq_len, precision, optimizer,
             accumulation, checkpointing). Models: 'mlp', 'cnn', 'gpt'.
         vocab_size: GPT only, to size a model whose vocabulary is not the byte data's 256.
+        device: 'cpu' or 'cuda', the device whose step to predict; default the config's.
+        processes: the processes a sharding='full' config runs on; its model-state bytes are
+            then rank 0's share, exactly. Freezing and LoRA change the parameter, gradient and
+            optimizer-state bytes exactly; the replayed step (activations, FLOPs, peak) is still
+            full training's.
 
     Example:
         >>> est = estimate(RunConfig(model="mlp", batch_size=64, preset="cpu-quick"))
         >>> est.activation_bytes   # 64 samples x 5,232 B + one 4-byte loss scalar
         334852
     """
+    from workbench.core.hardware import gpu_info, resolve_device
+
     cfg = config.resolved()
+    device = device or resolve_device(cfg.device)
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device={device!r}: estimate() models 'cpu' or 'cuda'")
+    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
+        raise ValueError(f"processes={processes!r} must be a whole number >= 1; pass e.g. processes=2")
+    if cfg.sharding != "none" and processes < 2:
+        raise ValueError(f"sharding={cfg.sharding!r} splits the model state across processes; pass processes=2 or more")
     spec_key = _spec_key(input_spec(cfg, vocab_size=vocab_size))
-    count, params, buffers, grads, opt = _model_state(cfg.model, spec_key, _freeze(cfg.dims), cfg.optimizer)
-    # Saved activations and FLOPs are affine in the micro-batch: measure at 1 and 2.
-    one, two = (_per_micro_batch(cfg, spec_key, b) for b in (1, 2))
-    b = cfg.batch_size
-    at_b = [one[i] + (b - 1) * (two[i] - one[i]) for i in range(3)]
+    dims = _freeze(cfg.dims)
+    trainable = tuple(getattr(cfg, name) for name in fakestep.TRAINABLE_FIELDS)
+    shard = (processes, 0) if cfg.sharding != "none" else (1, 0)
+    state = fakestep.model_state(cfg.model, spec_key, dims, cfg.optimizer, float(cfg.weight_decay),
+                                 bool(cfg.max_grad_norm), device, trainable, shard)
+    group, replayed, scaled = _groups(cfg)
+    if cfg.model == "gpt":
+        dims = _freeze({**cfg.dims, "n_layer": replayed})
+    micro_batches = 2 if cfg.grad_accum_steps > 1 else 1
+    sim = fakestep.simulate(cfg.model, spec_key, dims, cfg.precision, cfg.activation_checkpointing,
+                            batch=cfg.batch_size, micro_batches=micro_batches, device=device, group=group)
+    flops, saved = sim.flops, sim.saved_bytes
+    if scaled:  # what one more group adds: its forward (F0 to F1) and its backward (B1 to B0)
+        f0, f1, b1, b0 = (sim.marks[f"{k}.1"] for k in ("F0", "F1", "B1", "B0"))
+        flops += scaled * ((f1.flops - f0.flops) + (b0.flops - b1.flops))
+        saved += scaled * (f1.saved - f0.saved)
+    peak, where, end = _peak(sim, scaled, micro_batches)
+    if end + state.optimizer_step_bytes > peak:
+        peak, where = end + state.optimizer_step_bytes, "optimizer step"
+    runtime = 0
+    if device == "cuda":  # the forward's thread and autograd's each have a cuBLAS handle and workspace
+        info = gpu_info()
+        runtime = 2 * fakestep.cublas_workspace_bytes(info.compute_capability if info else None)
+    groups = []
+    for micro, ops in enumerate(sim.ops, 1):  # one scaled group's ops: its forward and its backward
+        m = {k: sim.marks.get(f"{k}.{micro}") for k in ("F0", "F1", "B1", "B0")}
+        groups.append(ops[m["F0"].op:m["F1"].op] + ops[m["B1"].op:m["B0"].op] if scaled else ())
+    step_ops = fakestep.StepOps(sim.ops, tuple(groups), scaled, cfg.grad_accum_steps, state.optimizer_ops)
+    method = (f"{replayed} of {cfg.dims.get('n_layer', 4)} layers replayed on fake tensors, scaled"
+              if cfg.model == "gpt" else "whole model replayed on fake tensors")
     return Estimate(
-        config=cfg, parameter_count=count, parameter_bytes=params, buffer_bytes=buffers,
-        gradient_bytes=grads, optimizer_state_bytes=opt, activation_bytes=at_b[0],
-        temporary_bytes=max(0, at_b[2]), flops_per_step=at_b[1] * cfg.grad_accum_steps,
-        vocab_size=spec_key[3], method=f"{one[3]}; micro-batches 1 and 2, scaled to {b}",
+        config=cfg, parameter_count=state.parameter_count, parameter_bytes=state.parameter_bytes,
+        buffer_bytes=state.buffer_bytes, gradient_bytes=state.gradient_bytes,
+        optimizer_state_bytes=state.optimizer_state_bytes, activation_bytes=saved,
+        flops_per_step=flops * cfg.grad_accum_steps, peak_bytes=state.resident_bytes + peak + runtime,
+        peak_at=where, resident_bytes=state.resident_bytes, runtime_bytes=runtime, device=device,
+        vocab_size=spec_key[3], method=f"{method}; steady-state step on {device}", ops=step_ops,
+        trainable_parameter_count=state.trainable_parameter_count, processes=shard[0],
     )
 
 
@@ -287,8 +290,8 @@ def accelerate_estimate(config: RunConfig, *, vocab_size: int | None = None) -> 
 
     cfg = config.resolved()
     spec_key = _spec_key(input_spec(cfg, vocab_size=vocab_size))
-    with _fake_mode():
-        model = _build(cfg.model, spec_key, _freeze(cfg.dims))
+    with fakestep._fake_mode():
+        model = fakestep.build(cfg.model, spec_key, _freeze(cfg.dims))
         total, largest = calculate_maximum_sizes(model)
     dtype = str(DTYPES[cfg.precision]).removeprefix("torch.")  # accelerate's names: float32, bfloat16, ...
     usage = estimate_training_usage(total, dtype)

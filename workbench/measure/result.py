@@ -79,6 +79,7 @@ class RunResult:
     """FLOPs of one optimizer step (forward + backward, all micro-batches), counted."""
     tflops_per_sec: float | None
     mfu: float | None
+    """Achieved over peak FLOP/s; None where there is no honest peak (peak_flops_source says why)."""
     peak_flops_source: str
     data_wait_fraction: float | None
     """Share of the timed steps spent waiting for the next batch."""
@@ -98,6 +99,8 @@ class RunResult:
     """fp16: the GradScaler's scale at each log step (loss_steps); empty otherwise."""
     skipped_steps: int = 0
     """fp16: optimizer steps the GradScaler skipped (inf/NaN gradients); counted every step."""
+    peak_flops: float | None = None
+    """The peak FLOP/s MFU is measured against (one process); None with the reason in peak_flops_source."""
     first_step_s: float | None = None
     """Seconds of the first optimizer step (wait for data included), which the timings leave out:
     exact counters, one-off warm-up and, with torch.compile, the compile. None for a resumed run."""
@@ -143,6 +146,17 @@ _COLUMNS: dict[str, tuple[str, Any]] = {
 _RATIO_METRICS = ("step_time_s", "samples_per_sec", "activation_bytes", "peak_increase_bytes")
 
 
+def format_metric(name: str, value: float | None) -> str:
+    """A figure as `results_table` writes it ('n/a' when missing): views that show the same
+    figure use this, so a run's live view ends on the table's very strings.
+
+    Example:
+        >>> format_metric("step_time_s", 0.00759), format_metric("samples_per_sec", 8451.2)
+        ('7.6', '8,451')
+    """
+    return "n/a" if value is None else _COLUMNS[name][1](value)
+
+
 def metric(result: RunResult, name: str) -> float | None:
     """One figure of a result by name (memory figures included)."""
     if name in ("activation_bytes", "peak_bytes", "peak_increase_bytes", "parameter_bytes",
@@ -169,7 +183,7 @@ def results_table(results: Sequence[RunResult]) -> Table:
         row = [r.name, r.status, c.precision, f"{batch} x {c.grad_accum_steps}", c.activation_checkpointing]
         for m in shown:
             value = metric(r, m)
-            row.append("n/a" if value is None else _COLUMNS[m][1](value))
+            row.append(format_metric(m, value))
             if m in _RATIO_METRICS and len(results) > 1:
                 b = metric(base, m)
                 row.append("n/a" if value is None or not b else f"{value / b:.2f}")

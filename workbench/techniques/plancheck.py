@@ -34,13 +34,15 @@ __all__ = ["max_micro_batch", "search_micro_batch", "Verification", "verify", "A
 def max_micro_batch(config: RunConfig, *, target: Target, vocab_size: int | None = None) -> int:
     """The largest micro-batch whose predicted memory fits `target` (0 if none does).
 
-    Memory is affine in the micro-batch (estimated at 1 and 2 samples), so this solves
-    for it, then checks the answer with one more estimate.
+    The exact counts are affine in the micro-batch, so a line through 1 and 2 samples
+    solves for them; the peak is a maximum of such lines (convex), so the line overshoots
+    it at most, and a bisection below the solution finds the answer.
     """
     base = dataclasses.replace(config.resolved(), epochs=None)
 
     def at(batch: int) -> int:
-        return target.memory_of(estimate(dataclasses.replace(base, batch_size=batch), vocab_size=vocab_size))
+        return target.memory_of(estimate(dataclasses.replace(base, batch_size=batch), vocab_size=vocab_size,
+                                         device=target.device))
 
     one, two = at(1), at(2)
     if one > target.usable_bytes:
@@ -48,9 +50,13 @@ def max_micro_batch(config: RunConfig, *, target: Target, vocab_size: int | None
     per_sample = max(1, two - one)
     b = 1 + (target.usable_bytes - one) // per_sample
     b = min(b, train_size(base.data, base.seq_len) or b)
-    while b > 1 and at(b) > target.usable_bytes:  # the affine fit is exact for counts; be safe
-        b -= 1
-    return int(b)
+    if at(b) <= target.usable_bytes:
+        return int(b)
+    fits, over = 1, b  # at(fits) fits, at(over) does not
+    while over - fits > 1:
+        mid = (fits + over) // 2
+        fits, over = (mid, over) if at(mid) <= target.usable_bytes else (fits, mid)
+    return int(fits)
 
 
 def search_micro_batch(config: RunConfig, *, start: int, reduce: Callable[[int], int] | None = None,
@@ -113,8 +119,8 @@ class Verification(Report):
             rows.append(("peak (CUDA max_memory_allocated)", format_bytes(est.peak_bytes), format_bytes(m.peak_bytes),
                          f"{m.peak_bytes / est.peak_bytes:.3f}"))
         else:
-            rows.append(("peak", format_bytes(est.peak_bytes), "not measurable on CPU (VmHWM holds the interpreter)",
-                         "n/a"))
+            rows.append(("peak", format_bytes(est.peak_bytes), "not read in a timed CPU run (peakcheck.check_peak "
+                         "tracks live tensors)", "n/a"))
         return rows
 
     @property

@@ -13,9 +13,11 @@ The measured, deterministic version of "ask an LLM which techniques to combine" 
   text, e.g. a local model) to have it explain instead; the ranking stays deterministic;
 - checking a plan against real runs lives in `plancheck.py`.
 
-Speed is predicted as FLOPs per step (counted, recompute included) over the device's peak
-FLOP/s for the precision: a lower bound on step time that ranks plans fairly when they
-differ in FLOPs (checkpointing) and precision (peak). Ties go to fewer micro-batches.
+Speed comes from the target's speed model (`techniques.speed`), and every table says which:
+on a GPU on paper a roofline **lower bound** (each op of the replayed step at the slower of
+its FLOPs at the data-sheet peak and its bytes at the memory bandwidth: a small micro-batch
+re-reads the weights and is bound by memory; fp32 matmuls on TF32 only where torch allows
+it), on this machine **measured** step times. Ties go to fewer micro-batches.
 
 Example:
     >>> plans = plan(RunConfig(model="gpt", batch_size=32), effective_batch=32,
@@ -26,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,61 +42,86 @@ __all__ = ["Target", "Plan", "Plans", "plan", "explain"]
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """The device a plan must fit: usable memory and peak FLOP/s per precision it runs."""
+    """The device a plan must fit: usable memory, the precisions it trains in, and how fast."""
 
     name: str
     memory_bytes: int
     peak_flops: dict[str, float]
-    """precision -> FLOP/s (the precisions this device can train in)."""
+    """precision -> peak FLOP/s (the precisions this device can train in; the peak is a
+    reference figure: the speed model decides the ranking)."""
     headroom: float = 0.0
     """Fraction of memory kept free (CUDA context, allocator fragmentation)."""
     simulated: bool = False
     """A simulated budget: plans fit on run()'s exact counts (no temporaries, no buffers)."""
+    speed: Any = None
+    """Predicts a plan's step seconds (`techniques.speed`: Roofline, MeasuredHere); None:
+    FLOPs at `peak_flops`, a bound that ignores memory traffic."""
+    device: str = "cpu"
+    """The device whose step the estimates replay ('cpu' or 'cuda')."""
 
     @property
     def usable_bytes(self) -> int:
         return int(self.memory_bytes * (1 - self.headroom))
 
-    @classmethod
-    def gpu(cls, name: str, *, memory_bytes: int, headroom: float = 0.05) -> Target:
-        """A GPU from `hardware.GPU_PEAK_TFLOPS` (spec-sheet peaks) with `memory_bytes` of memory.
+    @property
+    def speed_model(self) -> Any:
+        from workbench.techniques.speed import Roofline
 
+        return self.speed or Roofline(self.peak_flops, None)
+
+    @classmethod
+    def gpu(cls, name: str, *, memory_bytes: int, headroom: float = 0.05, tf32: bool | None = None) -> Target:
+        """A GPU from `hardware.GPU_SPECS` (a spec key such as "A100 SXM4 40GB", or the name
+        nvidia-smi reports) with `memory_bytes` of memory, ranked by a roofline bound.
+
+        `tf32`: whether fp32 matmuls run on TF32 tensor cores; default what torch does now
+        (`torch.get_float32_matmul_precision()`: 'highest', no TF32, unless changed).
         The 5% default headroom stands for the CUDA context and allocator fragmentation.
         """
-        from workbench.core.hardware import GPU_PEAK_TFLOPS
+        from workbench.core.hardware import GPU_SPECS, gpu_spec_key, tf32_enabled
 
-        if name not in GPU_PEAK_TFLOPS:
-            raise ValueError(f"GPU {name!r} is not in hardware.GPU_PEAK_TFLOPS; use one of {sorted(GPU_PEAK_TFLOPS)}")
+        key = gpu_spec_key(name)
+        if key is None:
+            raise ValueError(f"GPU {name!r} is not in hardware.GPU_SPECS; use one of {sorted(GPU_SPECS)}")
         if memory_bytes < 1 or not 0 <= headroom < 1:
             raise ValueError(f"memory_bytes={memory_bytes} must be positive and headroom={headroom} in [0, 1)")
-        peaks = {p: t * 1e12 for p, t in GPU_PEAK_TFLOPS[name].items()}
+        tf32 = tf32_enabled() if tf32 is None else tf32
+        speed = _roofline(key, tf32=tf32)
+        peaks = dict(speed.peaks)
         if "bf16" in peaks:  # same memory and speed as fp16 where both exist, and no loss scaling
             peaks.pop("fp16", None)
-        return cls(f"{name} ({format_bytes(memory_bytes)})", memory_bytes, peaks, headroom)
+        fp32 = "fp32 on TF32" if tf32 and "tf32" in GPU_SPECS[key].tflops else "fp32 without TF32"
+        return cls(f"{key} ({format_bytes(memory_bytes)}; {fp32})", memory_bytes, peaks, headroom, speed=speed,
+                   device="cuda")
 
     @classmethod
     def this_machine(cls, *, memory_budget_bytes: int, precisions: Sequence[str] = ("fp32", "bf16")) -> Target:
-        """This machine under a simulated memory budget (RunConfig.memory_budget_bytes).
+        """This machine under a simulated memory budget (RunConfig.memory_budget_bytes),
+        ranked by step times measured here (`speed.MeasuredHere`): each plan's micro-batch
+        forward and backward and its optimizer step, timed once on first use.
 
-        Peaks: on a GPU its spec sheet (hardware.peak_flops); on a CPU measured here, the
-        fp32 matmul rate over each precision's measured slowdown (below 1 where 16-bit is
-        native and faster, 25-55 where it is emulated).
+        A precision this machine emulates stays in (it is slow here, and the timing shows it);
+        one it cannot run is left out.
         """
         from workbench.core.hardware import (
             peak_flops,
             precision_support,
             resolve_device,
         )
+        from workbench.techniques.speed import MeasuredHere
 
         if memory_budget_bytes < 1:
             raise ValueError(f"memory_budget_bytes={memory_budget_bytes} must be positive; pass e.g. 16 * 2**20")
         device = resolve_device("auto")
         usable = [p for p in precisions if precision_support(device, p) != "unsupported"]
-        peaks = {p: v for p in usable if (v := peak_flops(device, p)[0])}
-        if not peaks:
-            raise ValueError(f"no peak FLOP/s known for {precisions} on this {device}; build a Target by hand")
+        if not usable:
+            raise ValueError(f"none of {precisions} can run on this {device}; pass e.g. precisions=('fp32',)")
+        # The reference peak where there is one (an emulated dtype has none: 0 here).
+        peaks = {p: peak_flops(device, p)[0] or 0.0 for p in usable}
+        speed = MeasuredHere() if device == "cpu" else _gpu_roofline()
         return cls(f"this {device.upper() if device == 'cpu' else 'GPU'} (simulated budget "
-                   f"{format_bytes(memory_budget_bytes)})", memory_budget_bytes, peaks, 0.0, simulated=True)
+                   f"{format_bytes(memory_budget_bytes)})", memory_budget_bytes, peaks, 0.0, simulated=True,
+                   speed=speed, device=device)
 
     def fits(self, est: Estimate) -> bool:
         return self.memory_of(est) <= self.usable_bytes
@@ -101,6 +129,28 @@ class Target:
     def memory_of(self, est: Estimate) -> int:
         """The estimate's figure this target is held to: exact counts if simulated, else the peak."""
         return est.counted_bytes if self.simulated else est.peak_bytes
+
+
+def _roofline(key: str, *, tf32: bool) -> Any:
+    """A roofline from GPU_SPECS[key]: its dense peaks (fp32 matmuls on TF32 if `tf32` and the
+    card has it) and its memory bandwidth."""
+    from workbench.core.hardware import GPU_SPECS
+    from workbench.techniques.speed import Roofline
+
+    spec = GPU_SPECS[key]
+    peaks = {p: t * 1e12 for p, t in spec.tflops.items() if p != "tf32"}
+    if tf32 and "tf32" in spec.tflops:
+        peaks["fp32"] = spec.tflops["tf32"] * 1e12
+    return Roofline(peaks, spec.memory_bandwidth, note=spec.source)
+
+
+def _gpu_roofline() -> Any:
+    """This GPU's roofline from its data sheet, or None (FLOPs at peak) for a card not in it."""
+    from workbench.core.hardware import gpu_info, gpu_spec_key, tf32_enabled
+
+    info = gpu_info()
+    key = info and gpu_spec_key(info.name)
+    return _roofline(key, tf32=tf32_enabled()) if key else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +164,8 @@ class Plan:
     memory_bytes: int
     """Predicted memory held against the target (see Target.memory_of)."""
     step_time_s: float
-    """Predicted time of one optimizer step at the device's peak FLOP/s (a lower bound)."""
+    """Predicted seconds of one optimizer step, by the target's speed model: a roofline lower
+    bound on a GPU target, a measurement on this machine (`Plans.speed_label` says which)."""
     cost: str
     why: str
 
@@ -126,7 +177,27 @@ class Plan:
     def label(self) -> str:
         c = self.config
         return (f"{c.precision}, checkpointing {c.activation_checkpointing}, {c.batch_size} x {c.grad_accum_steps}"
-                f", {c.optimizer}")
+                f", {c.optimizer}{_fewer_bytes_label(c, self.estimate.processes)}")
+
+
+def _trade_offs(c: RunConfig, base: RunConfig) -> int:
+    """How many of notebook 09's memory levers a plan pulls beyond the baseline's."""
+    return sum((c.optimizer != base.optimizer, (c.freeze, c.freeze_layers, c.lora_rank) !=
+                (base.freeze, base.freeze_layers, base.lora_rank), c.sharding != base.sharding))
+
+
+def _fewer_bytes_label(c: RunConfig, processes: int) -> str:
+    """What a plan trains and where its model state lives, when not the default (notebook 09)."""
+    parts = []
+    if c.lora_rank:
+        parts.append(f"LoRA rank {c.lora_rank} on {c.lora_targets}")
+    if c.freeze != "none":
+        parts.append(f"freeze {c.freeze}")
+    if c.freeze_layers:
+        parts.append(f"freeze {c.freeze_layers} blocks")
+    if c.sharding != "none":
+        parts.append(f"sharded over {processes} processes")
+    return "".join(f", {p}" for p in parts)
 
 
 class Plans(Report):
@@ -148,18 +219,26 @@ class Plans(Report):
         """Plans whose config has these values, e.g. where(precision='bf16')."""
         return [p for p in self.plans if all(getattr(p.config, k) == v for k, v in fields.items())]
 
+    @property
+    def speed_label(self) -> str:
+        """What the speed figures are: 'roofline bound', 'measured here', ..."""
+        return self.target.speed_model.label
+
     def rows(self, top: int | None = 10) -> list[list[str]]:
         base = self.baseline.step_time_s
         shown = self.plans if top is None else self.plans[:top]
         return [[str(i + 1), p.label, format_bytes(p.memory_bytes), "yes" if p.fits else "no",
-                 f"{base / p.step_time_s:.2f}", p.cost, p.why] for i, p in enumerate(shown)]
+                 f"{base / p.step_time_s:.2f}" if p.fits else "-", p.cost, p.why] for i, p in enumerate(shown)]
 
-    header = ["rank", "plan (precision, checkpointing, micro-batch x accumulation, optimizer)",
-              "predicted memory", "fits", "predicted speed x baseline", "cost", "why"]
+    @property
+    def header(self) -> list[str]:  # type: ignore[override]
+        return ["rank", "plan (precision, checkpointing, micro-batch x accumulation, optimizer)",
+                "predicted memory", "fits", f"speed x baseline ({self.speed_label})", "cost", "why"]
 
     def caption(self) -> str:
         return (f"plans for effective batch {self.effective_batch} on {self.target.name}, usable "
-                f"{format_bytes(self.target.usable_bytes)}; {len(self.fitting)} of {len(self.plans)} fit")
+                f"{format_bytes(self.target.usable_bytes)}; {len(self.fitting)} of {len(self.plans)} fit; "
+                f"speed: {self.speed_label}")
 
     def __len__(self) -> int:
         return len(self.plans)
@@ -179,6 +258,10 @@ def _cost(p: RunConfig, est: Estimate, base: RunConfig, base_est: Estimate) -> s
         costs.append(f"{p.precision} rounding (check accuracy)")
     if p.optimizer != base.optimizer:
         costs.append(f"{p.optimizer} instead of {base.optimizer} (different convergence)")
+    if est.trainable_parameter_count is not None and est.trainable_parameter_count < est.parameter_count:
+        costs.append(f"trains {est.trainable_parameter_count / est.parameter_count:.1%} of the parameters (check accuracy)")
+    if p.sharding != "none":
+        costs.append(f"{est.processes} processes gather parameters every step (~1.5x data parallel's communication)")
     return "; ".join(costs) or "none"
 
 
@@ -188,17 +271,17 @@ def _why(target: Target, est: Estimate, memory: int, fits: bool) -> str:
         if state > target.usable_bytes:
             return f"model state alone ({format_bytes(state)}) exceeds {format_bytes(target.usable_bytes)}"
         return f"over by {format_bytes(memory - target.usable_bytes)}"
-    precision, spare = est.config.precision, f"{format_bytes(target.usable_bytes - memory)} to spare"
-    if precision not in target.peak_flops:
-        return spare
-    peak_tflops = target.peak_flops[precision] / 1e12
-    return f"{spare}; {est.flops_per_step:.3g} FLOPs a step at {precision}'s {peak_tflops:.3g} TFLOP/s peak"
+    spare = f"{format_bytes(target.usable_bytes - memory)} to spare"
+    describe = getattr(target.speed_model, "describe", None)
+    return f"{spare}; {est.flops_per_step:.3g} FLOPs a step" + (f", {describe(est.config.precision)}" if describe
+                                                                else "")
 
 
 def plan(config: RunConfig, *, target: Target, effective_batch: int | None = None,
          precisions: Iterable[str] | None = None, checkpointing: Iterable[str] | None = None,
          optimizers: Iterable[str] | None = None, micro_batches: Iterable[int] | None = None,
-         vocab_size: int | None = None) -> Plans:
+         vocab_size: int | None = None, trainable: Iterable[dict[str, Any]] | None = None,
+         sharding: Iterable[str] | None = None, processes: int = 1) -> Plans:
     """Estimate every combination and rank them: fitting plans fastest first.
 
     Args:
@@ -210,6 +293,12 @@ def plan(config: RunConfig, *, target: Target, effective_batch: int | None = Non
             defaults: the target's precisions, every checkpointing setting the model has,
             the config's optimizer, every divisor of effective_batch.
         vocab_size: GPT only, to size a model on paper (see estimate()).
+        trainable: what trains, as RunConfig fields per choice, e.g. [{}, {"freeze": "embeddings"},
+            {"lora_rank": 8}]; default: the config's own.
+        sharding / processes: the sharding settings to try ('none', 'full') and the processes a
+            sharded plan splits its model state over; default: the config's setting. (The speed
+            models time or bound full training: they neither credit freezing nor charge sharding's
+            communication; the cost column says what each plan gives up.)
     """
     base = config.resolved()
     eff = effective_batch or base.batch_size * base.grad_accum_steps
@@ -223,36 +312,40 @@ def plan(config: RunConfig, *, target: Target, effective_batch: int | None = Non
         raise ValueError(f"checkpointing {checkpointing} needs a model with blocks; model={base.model!r} "
                          f"takes checkpointing=('none',)")
     optimizers = list(optimizers or (base.optimizer,))
+    trainables = [dict(t) for t in (trainable or ({},))]
+    shardings = list(sharding or (base.sharding,))
     micro = sorted(set(micro_batches or _divisors(eff)))
     if bad := [m for m in micro if m < 1 or eff % m]:
         raise ValueError(f"micro_batches {bad} do not divide effective_batch={eff}; use divisors of it")
 
     def make(**changes: Any) -> tuple[RunConfig, Estimate]:
         cfg = dataclasses.replace(base, epochs=None, **changes)
-        return cfg, estimate(cfg, vocab_size=vocab_size)
+        return cfg, estimate(cfg, vocab_size=vocab_size, device=target.device, processes=processes)
 
+    speed = target.speed_model
     base_cfg, base_est = make(batch_size=eff, grad_accum_steps=1)
-    peak = target.peak_flops.get(base.precision) or max(target.peak_flops.values())
     baseline_mem = target.memory_of(base_est)
-    baseline = Plan(base_cfg, base_est, target.fits(base_est), baseline_mem, base_est.flops_per_step / peak,
+    baseline = Plan(base_cfg, base_est, target.fits(base_est), baseline_mem, speed.step_time(base_est),
                     "none", _why(target, base_est, baseline_mem, target.fits(base_est)))
     plans = []
-    for precision in precisions:
-        for ckpt in checkpointing:
-            for opt in optimizers:
-                for m in micro:
-                    try:
-                        cfg, est = make(precision=precision, activation_checkpointing=ckpt, optimizer=opt,
-                                        batch_size=m, grad_accum_steps=eff // m)
-                    except ConfigError:
-                        continue  # e.g. a micro-batch larger than the data set
-                    fits, memory = target.fits(est), target.memory_of(est)
-                    plans.append(Plan(cfg, est, fits, memory, est.flops_per_step / target.peak_flops[precision],
-                                      _cost(cfg, est, base_cfg, base_est), _why(target, est, memory, fits)))
+    choices = itertools.product(precisions, checkpointing, optimizers, micro, trainables, shardings)
+    for precision, ckpt, opt, m, trains, shards in choices:
+        try:
+            cfg, est = make(precision=precision, activation_checkpointing=ckpt, optimizer=opt,
+                            batch_size=m, grad_accum_steps=eff // m, sharding=shards, **trains)
+        except ConfigError:
+            continue  # e.g. a micro-batch larger than the data set; sharding in a precision it lacks
+        fits, memory = target.fits(est), target.memory_of(est)
+        # Only fitting plans are ranked by speed (and only they are timed on this machine).
+        step_time = speed.step_time(est) if fits else float("inf")
+        plans.append(Plan(cfg, est, fits, memory, step_time,
+                          _cost(cfg, est, base_cfg, base_est), _why(target, est, memory, fits)))
     # Fitting plans first, fastest first; ties (same FLOPs, same peak) to fewer micro-batches,
-    # then to less memory. Plans that do not fit follow, smallest first.
+    # then to fewer changes of what trains and where the state lives (notebook 09's switches:
+    # each trades accuracy or communication for memory), then to less memory. Plans that do
+    # not fit follow, smallest first.
     plans.sort(key=lambda p: (not p.fits, p.step_time_s if p.fits else p.memory_bytes,
-                              p.config.grad_accum_steps, p.memory_bytes))
+                              p.config.grad_accum_steps, _trade_offs(p.config, base), p.memory_bytes))
     return Plans(plans, target=target, baseline=baseline, effective_batch=eff)
 
 
@@ -270,11 +363,13 @@ def explain(plans: Plans, *, llm: Callable[[str], str] | None = None, top: int =
     if best is None:
         smallest = min(plans.plans, key=lambda p: p.memory_bytes)
         lines.append(f"No plan fits. The smallest, {smallest.label}, needs {format_bytes(smallest.memory_bytes)} "
-                     f"({smallest.why}). Shard or offload the model state (FSDP/ZeRO), use a lighter optimizer, "
-                     f"or train fewer parameters.")
+                     f"({smallest.why}). Shard the model state (sharding=['full'], processes=N), use a lighter "
+                     f"optimizer (optimizers=['adafactor']), or train fewer parameters "
+                     f"(trainable=[{{'lora_rank': 8}}]).")
     else:
         lines.append(f"Recommended: {best.label}: {format_bytes(best.memory_bytes)} predicted, "
-                     f"{base.step_time_s / best.step_time_s:.2f}x the baseline's predicted speed; cost: {best.cost}.")
+                     f"{base.step_time_s / best.step_time_s:.2f}x the baseline's speed ({plans.speed_label}); "
+                     f"cost: {best.cost}.")
         for p in plans.fitting[1:top]:
             lines.append(f"  then {p.label}: {format_bytes(p.memory_bytes)}, "
                          f"{base.step_time_s / p.step_time_s:.2f}x; cost: {p.cost}.")

@@ -1,48 +1,48 @@
-"""The live dashboard: a widget view of training runs, updated in place.
+"""The live dashboard: a widget view of a training run, updated in place.
 
-A `Dashboard` is a sink (see `sinks.py`): the loop calls `start`, `log` and `end`
-with plain records; the dashboard only draws. Its widgets are built once and only
-their values change. Numbers refresh at most every 0.25 s, the loss plot at most
-every second (a redraw costs ~20 ms, a trait update ~0.5 ms); `end` always draws
-the final state. Runs sharing a dashboard are drawn over each other (one curve per
-run), the numbers show the current run, a table lists the finished runs.
-`Dashboard.shared()` is the one per kernel that `run()` uses when given no sinks.
+A `Dashboard` is a sink (`workbench.measure.records`): the loop calls `start`, `log` and
+`end` with plain records; the dashboard only draws. `run()` gives every run a view of its
+own (`default_sinks`), in the cell that runs it, untouched once its run has ended. Runs
+share a view only when the notebook passes one view to each (`sinks=[view]`): one curve
+per run, and a table of them.
 
-The plot is an `Image` widget holding PNG bytes, not an `Output` widget that
-re-displays a figure: a redraw is one trait update (a binary buffer), so it does
-not flicker or depend on output capture, and the bytes belong to the widget state
-when a notebook saves it. The figure is a bare `matplotlib.figure.Figure` drawn by
-Agg; pyplot is never touched, so the inline backend cannot show a stray copy at the
-end of the cell and no global figure list leaks (what `plt.ioff()` is for, without
-the global state). Widget state is not saved by default, so when a run ends the
-final plot is also displayed as an ordinary PNG output that nbviewer shows.
+Widgets are built once and only their values change. The browser draws the loss curve from
+the points the kernel sends (`loss_plot`, bqplot); the numbers (`run_numbers`) say which are
+the last interval's and which the run's means. Each part refreshes at most every
+`numbers_interval_s` / `plot_interval_s`, within `_VIEW_BUDGET` of the run's time; `end`
+draws the final state, and leaves the curve as an ordinary PNG output for readers without
+a kernel (GitHub, nbviewer) while the live figure steps aside.
 
 Example:
-    >>> dash = Dashboard.shared()  # doctest: +SKIP
-    >>> baseline = run(RunConfig(model="mlp"), sinks=[dash])  # doctest: +SKIP
+    >>> view = Dashboard()  # doctest: +SKIP
+    >>> for batch in (32, 256):  # doctest: +SKIP
+    ...     run(RunConfig(model="mlp", batch_size=batch), sinks=[view], name=f"batch {batch}")
 """
 
 from __future__ import annotations
 
 import html
-import io
 import math
 import os
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from workbench.core.report import format_bytes
 from workbench.measure.records import RunEnd, RunStart, Sink, StepRecord
+from workbench.measure.result import format_metric
+from workbench.views import run_numbers
 from workbench.views.sinks import TextSink
 
-_BAR_STYLE = {"running": "info", "ok": "success", "interrupted": "warning"}  # others: danger
 _MAX_SHOWN_ERRORS = 5
-# The share of the run's wall time each part of the view may take: after each update
-# the next waits at least (its cost / budget), so a redraw of 20 ms waits 2 s. The
-# intervals given to Dashboard() are the floor (the fastest it ever updates).
+# The share of a run's wall time its view may take while it trains. Before each update the
+# view checks that its time in log() so far, plus the update's typical cost, stays within
+# this share of the time since the run's first log step: a slow machine draws less often
+# rather than slowing the run down. In a kernel an update costs ~1-1.5 ms (~3 ms on this 2-core machine
+# under load: handing the messages to the kernel's IOPub thread), so at 2 Hz about 0.3-0.6%.
 _VIEW_BUDGET = 0.01
 
 
@@ -78,156 +78,162 @@ def headless_reason() -> str | None:
 
 
 def default_sinks() -> list[Sink]:
-    """What a run shows when given no sinks: the shared dashboard in a notebook,
+    """What a run shows when given no sinks: a new dashboard of its own in a notebook,
     a throttled text printer everywhere else (CLI, scripts, CI, nbval)."""
-    return [TextSink()] if headless_reason() is not None else [Dashboard.shared()]
+    return [TextSink()] if headless_reason() is not None else [Dashboard()]
 
 
-def _rate(value: float) -> str:
-    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
-
-
-def _opt(value: Any, fmt: Callable[[Any], str]) -> str | None:
-    return None if value is None else fmt(value)
-
-
-def _duration(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "?"
-    if seconds < 60:
-        return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
-    if seconds < 3600:
-        return f"{seconds // 60:.0f} min {seconds % 60:02.0f} s"
-    return f"{seconds // 3600:.0f} h {seconds % 3600 // 60:02.0f} min"
-
-
-@dataclass(slots=True)
+@dataclass(eq=False)
 class _RunView:
     label: str
     start: RunStart
+    curve: Any
+    started_at: float
     status: str = "running"
-    steps: list[int] = field(default_factory=list)
-    losses: list[float] = field(default_factory=list)
     last: StepRecord | None = None
-    line: Any = None
+    interval_first_step: int | None = 1
+    """The first step of the last record's interval (None: unknown)."""
+    end: RunEnd | None = None
+    ended_at: float | None = None
+    first_log_at: float | None = None
+    """When the first log step arrived: the view's budget counts from there."""
 
 
 class Dashboard:
-    """Live widgets for one or more runs: progress, numbers, loss plot, finished runs.
+    """Live widgets for a run (or, when passed to several, for each in turn): status,
+    progress, labelled numbers, the loss curve, and a table of finished runs.
 
     Args:
         numbers_interval_s: least time between refreshes of the numbers.
-        plot_interval_s: least time between plot redraws (raised by itself when a
-            redraw is slow, so drawing stays under ~5% of the run).
-        auto_display: inside IPython, show the widget in each cell that starts a
-            run, and the final plot as a static PNG output when a run ends.
-        clock: monotonic seconds; tests pass a fake one.
+        plot_interval_s: least time between sending the curve's points to the browser.
+        auto_display: inside IPython, show the view in each cell that starts a run on it,
+            and its final curve as a static PNG output when a run ends.
+        clock: monotonic seconds for throttling and durations; tests pass a fake one.
     """
-
-    _shared: ClassVar[Dashboard | None] = None
 
     def __init__(
         self,
         *,
         numbers_interval_s: float = 0.25,
-        plot_interval_s: float = 1.0,
+        plot_interval_s: float = 0.5,
         auto_display: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         import ipywidgets as w  # heavy imports only once a dashboard is made
-        from matplotlib.figure import Figure
+
+        from workbench.views.loss_plot import LossPlot
 
         self.numbers_interval_s, self.plot_interval_s = numbers_interval_s, plot_interval_s
         self.auto_display, self.clock = auto_display, clock
         self.runs: list[_RunView] = []
         self.current: _RunView | None = None
-        self.finished: list[dict[str, str]] = []
         self.values: dict[str, str] = {}  # the numbers last shown, by key: for tests
-        self.numbers_updates = self.plot_redraws = self.errors_seen = 0
+        self.numbers_updates = self.plot_updates = self.errors_seen = 0
+        self.busy_s = 0.0
+        """Seconds spent in this view's start/log/end so far (the static PNG included)."""
+        self.live_busy_s = 0.0
+        """Seconds the current run's log() calls took: what `_VIEW_BUDGET` bounds."""
         self.last_png: bytes | None = None
-        self._plot_every, self._numbers_every = plot_interval_s, numbers_interval_s
         self._last_numbers = self._last_plot = -math.inf
+        self._costs: dict[str, float] = {}
         self._displayed_in: int | None = None
+        self._handle: Any = None  # the display of this view in the cell that shows it
         self._static: Any = None  # the display handle of this cell's static plot
         self._static_in: int | None = None
-
-        self.fig = Figure(figsize=(7, 2.8), dpi=100, layout="constrained")
-        self.ax = self.fig.add_subplot(xlabel="step", ylabel="training loss")
-        self.ax.grid(alpha=0.3)
 
         def part(widget: Any, name: str) -> Any:
             widget.add_class(name)  # a stable wb-* class for browser tests
             return widget
 
         hidden = {"display": "none"}
-        self.title = part(w.HTML(), "wb-title")
+        self.title = part(w.HTML(layout={"flex": "1 1 auto"}), "wb-title")
         self.status = part(w.HTML("waiting for a run"), "wb-status")
         self.progress = part(w.IntProgress(min=0, max=1, bar_style="info"), "wb-progress")
-        self.step_text = part(w.HTML(), "wb-step")
+        self.step_text = part(w.HTML(layout={"flex": "1 1 auto", "margin": "0 0 0 0.8em"}), "wb-step")
         self.warnings = part(w.HTML(layout=hidden), "wb-warnings")
+        self.details = part(w.HTML(layout=hidden), "wb-details")
         self.numbers = part(w.HTML(), "wb-numbers")
-        self.history = part(w.HTML(), "wb-history")
+        self.history = part(w.HTML(layout=hidden), "wb-history")
         self.errors = part(w.Output(), "wb-errors")
-        # At its natural pixel size, as the static copy will be: no jump when swapped.
-        width = f"{self.fig.get_figwidth() * self.fig.dpi:.0f}px"
-        plot_layout = {"width": width, "max_width": "100%", **hidden}
-        self.plot = part(w.Image(format="png", layout=plot_layout), "wb-plot")
+        self.plot = LossPlot()
+        self.plot.figure.layout.display = "none"  # until the first point: never an empty frame
+        part(self.plot.figure, "wb-plot")
         # The plot comes last so the static copy shown at the end lands where it was.
         self.widget = part(w.VBox([
-            w.HBox([self.title, self.status]), w.HBox([self.progress, self.step_text]),
-            self.warnings, self.numbers, self.history, self.errors, self.plot,
+            w.HBox([self.title, self.status], layout={"align_items": "center"}),
+            w.HBox([self.progress, self.step_text], layout={"align_items": "center"}),
+            self.warnings, self.details, self.numbers, self.history, self.errors, self.plot.note, self.plot.figure,
         ]), "wb-dashboard")
-
-    @classmethod
-    def shared(cls) -> Dashboard:
-        """The dashboard that runs in this kernel draw on by default (made on first use)."""
-        if cls._shared is None:
-            cls._shared = cls()
-        return cls._shared
-
-    def clear(self) -> None:
-        """Forget all runs: the next run starts a fresh plot and table."""
-        for view in self.runs:
-            view.line.remove()
-        if self.ax.get_legend() is not None:
-            self.ax.get_legend().remove()
-        self.runs, self.finished, self.current, self.values = [], [], None, {}
-        self.history.value = self.numbers.value = self.step_text.value = self.title.value = ""
-        self.status.value, self.progress.value = "waiting for a run", 0
-        self.warnings.layout.display = self.plot.layout.display = "none"
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
         bundle = self.widget._repr_mimebundle_(**kwargs)
-        # What a reader without the widget state sees instead of "VBox(children=...)".
-        bundle["text/plain"] = "workbench Dashboard (live view; the final plot is shown below it)"
+        # What a reader without the widget state (GitHub) sees instead of "VBox(children=...)".
+        bundle["text/plain"] = self.summary()
         self._displayed_in = _cell()
         return bundle
+
+    def summary(self) -> str:
+        """One line per run: its name, status and run-mean figures (the view's plain-text form)."""
+        if not self.runs:
+            return "workbench Dashboard: waiting for a run"
+        lines = [run_numbers.summary_line(v.label, v.status, v.last, v.end, total_steps=v.start.total_steps)
+                 for v in self.runs]
+        lines += [f"note: {overlap}" for overlap in self.plot.overlaps]
+        return "\n".join(lines) + "\n(live view; needs a running kernel. The final curve is the image below.)"
 
     # -- the Sink protocol; every piece is guarded so a view bug never stops a run --
 
     def start(self, record: RunStart) -> None:
         if record.rank == 0:  # other processes' records would mix into the view
+            began = time.perf_counter()
             self._guard("start", self._start, record)
+            self.busy_s += time.perf_counter() - began
 
     def log(self, record: StepRecord) -> None:
-        if record.rank != 0 or not self._guard("log", self._record, record):
+        if record.rank != 0:
             return
-        now = self.clock()
-        if now - self._last_numbers >= self._numbers_every:
-            self._last_numbers = now
-            self._guard("numbers", self._draw_numbers)
-        if now - self._last_plot >= self._plot_every:
-            self._last_plot = now
-            self._guard("plot", self._draw_plot)
+        began = time.perf_counter()
+        if self._guard("log", self._record, record):
+            now = self.clock()
+            # The curve first: when the budget is tight it is the part a learner watches.
+            if now - self._last_plot >= self.plot_interval_s and self._affordable("plot", now):
+                self._last_plot = now
+                self._guard("plot", self._timed, "plot", self._draw_plot)
+            if now - self._last_numbers >= self.numbers_interval_s and self._affordable("numbers", now):
+                self._last_numbers = now
+                self._guard("numbers", self._timed, "numbers", self._draw_numbers)
+        spent = time.perf_counter() - began
+        self.busy_s += spent
+        self.live_busy_s += spent
+
+    def _affordable(self, part: str, now: float) -> bool:
+        """Whether an update of `part` keeps the view within its budget of the time since its
+        run's first log step. The numbers leave room for the next curve update: when the budget
+        is tight (a loaded machine), the curve keeps its pace and the numbers slow down."""
+        if (self._last_plot if part == "plot" else self._last_numbers) == -math.inf:
+            return True  # each part's first update of a run goes at once
+        view = self.current
+        elapsed = now - view.first_log_at if view is not None and view.first_log_at is not None else 0.0
+        cost = self._costs.get(part, 0.0) + (self._costs.get("plot", 0.0) if part == "numbers" else 0.0)
+        return self.live_busy_s + cost <= _VIEW_BUDGET * elapsed
+
+    def _timed(self, part: str, draw: Callable[[], None]) -> None:
+        """Draw, and keep a smoothed cost of the part (single updates spike to ~5 ms)."""
+        began = time.perf_counter()
+        draw()
+        cost, previous = time.perf_counter() - began, self._costs.get(part)
+        self._costs[part] = cost if previous is None else 0.8 * previous + 0.2 * cost
 
     def end(self, record: RunEnd) -> None:
         if record.rank != 0:
             return
+        began = time.perf_counter()
         self._guard("end", self._end, record)
         self._guard("final numbers", self._draw_numbers)
         self._guard("final plot", self._draw_plot)
         if self.auto_display:
             self._guard("static plot", self._show_static)
+        self.busy_s += time.perf_counter() - began
 
     def _guard(self, what: str, fn: Callable[..., None], *args: Any) -> bool:
         try:
@@ -250,142 +256,141 @@ class Dashboard:
     def _start(self, record: RunStart) -> None:
         if self.current is not None and self.current.status == "running":
             done = self.current.last.step if self.current.last else 0
-            self._end(RunEnd(self.current.start.run_name, "interrupted", done, "a new run started"))
+            self._end(RunEnd(self.current.start.run_name, "interrupted", done, "a new run started on this view"))
         taken = sum(view.start.run_name == record.run_name for view in self.runs)
         label = record.run_name if taken == 0 else f"{record.run_name} ({taken + 1})"
-        self.current = view = _RunView(label, record)
-        (view.line,) = self.ax.plot([], [], label=label, lw=1.6)
-        self.ax.legend(loc="upper right", fontsize="small")
+        curve = self.plot.add_curve(label)
+        self.current = view = _RunView(label, record, curve, started_at=self.clock())
         self.runs.append(view)
         self.values = {}
         self.title.value = " &middot; ".join(
-            [f"<b>{html.escape(label)}</b>", html.escape(record.device), html.escape(record.precision), ""]
-        )
-        self.status.value = "running"
+            [f"<b>{html.escape(label)}</b>", html.escape(record.device), html.escape(record.precision)])
+        self.status.value = run_numbers.status_html("running")
         self.progress.max, self.progress.value = max(record.total_steps, 1), 0
-        self.progress.bar_style = _BAR_STYLE["running"]
-        self.step_text.value = f"step 0 / {record.total_steps}"
+        self.progress.bar_style = run_numbers.STATUS["running"][2]
+        self.step_text.value = f"step 0 / {record.total_steps} &middot; starting"
         self.warnings.value = "".join(
             f'<div style="color:var(--jp-warn-color0,#e65100)">&#9888; {html.escape(text)}</div>'
-            for text in record.warnings
-        )
+            for text in record.warnings)
         self.warnings.layout.display = None if record.warnings else "none"
-        self.plot.layout.display = None
+        self.details.value, self.details.layout.display = "", "none"
+        self.numbers.value = '<span style="opacity:0.6">the numbers appear at the first log step</span>'
         self._last_numbers = self._last_plot = -math.inf  # show the first step at once
+        self.live_busy_s = 0.0  # each run's budget is its own
         if self.auto_display and _shell() is not None and self._displayed_in != _cell():
             from IPython.display import display
 
-            display(self)  # in every cell that runs, so the learner sees it there
+            self._handle = display(self, display_id=True)  # in the cell that runs, so the learner sees it
 
     def _record(self, record: StepRecord) -> None:
         if self.current is None or self.current.status != "running":
             # A log without a start (a sink attached mid-run): make one up.
             self._start(RunStart(record.run_name, record.total_steps, "?", "?", {}))
         view = self.current
-        view.steps.append(record.step)
-        view.losses.append(record.loss if math.isfinite(record.loss) else math.nan)
+        if view.last is not None:
+            view.interval_first_step = view.last.step + 1
+        elif view.start.config.get("resume_from"):
+            view.interval_first_step = None  # it began where the saved run stopped
+        else:  # step 1 (exact counting, warm-up) is timed alone, and left out of the run's timings
+            view.interval_first_step = 1 if record.step == 1 else 2
+        view.curve.add(record.step, record.loss)
         view.last = record
+        if view.first_log_at is None:
+            view.first_log_at = self.clock()
 
     def _end(self, record: RunEnd) -> None:
         view = self.current
         if view is None or view.status != "running":  # an end without a start
-            view = _RunView(record.run_name, RunStart(record.run_name, 0, "?", "?", {}))
-        view.status = record.status
-        text = "done" if record.status == "ok" else record.status
-        text += f": {record.message}" if record.message else ""
-        self.status.value = f"<b>{html.escape(text)}</b>"
-        self.progress.bar_style = _BAR_STYLE.get(record.status, "danger")
-        last = view.last
-        peak = last and _opt(last.memory_peak_bytes, format_bytes)
-        self.finished.append({
-            "run": view.label,
-            "status": text,
-            "steps": str(record.steps_done),
-            "final loss": f"{last.loss:.4f}" if last else "-",
-            "ms/step": f"{last.step_time_s * 1e3:.1f}" if last else "-",
-            "samples/s": _rate(last.samples_per_sec) if last else "-",
-            "memory peak": f"{peak} ({last.memory_kind})" if peak else "-",
-        })
-        rows = [list(self.finished[0])] + [list(row.values()) for row in self.finished]
-        cells = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in rows
-        )
-        self.history.value = (
-            '<table style="font-size:90%" cellpadding="3">'
-            f'<caption style="text-align:left">finished runs</caption>{cells}</table>'
-        )
+            self._start(RunStart(record.run_name, max(record.steps_done, 1), "?", "?", {}))
+            view = self.current
+        view.status, view.end, view.ended_at = record.status, record, self.clock()
+        word, _, bar = run_numbers.STATUS.get(record.status, (record.status, "", "danger"))
+        self.status.value = run_numbers.status_html(record.status)
+        self.progress.bar_style = bar
+        # Once over, the bar is filled in the status's colour (green, orange, red): a bar filled to
+        # where a run stopped looks empty at step 1 of 200. The step line says where it stopped.
+        self.progress.value = self.progress.max
+        if record.status != "ok":
+            self.details.value = run_numbers.details_html(record, total_steps=view.start.total_steps)
+            self.details.layout.display = None
+        self.plot.note_overlaps()
+        if len(self.runs) > 1:
+            self._draw_history()
+
+    def _draw_history(self) -> None:
+        rows = []
+        for view in self.runs:
+            last, final = view.last, (view.end.summary if view.end else {})
+            peak = last and last.memory_peak_bytes
+            rows.append([
+                view.label, run_numbers.STATUS.get(view.status, (view.status,))[0],
+                str(view.end.steps_done if view.end else (last.step if last else 0)),
+                f"{last.loss:.4f}" if last else "-",
+                format_metric("step_time_s", final.get("step_time_s", last and last.mean_step_time_s)),
+                format_metric("samples_per_sec", final.get("samples_per_sec", last and last.mean_samples_per_sec)),
+                f"{format_bytes(peak)} ({last.memory_kind})" if peak else "-",
+            ])
+        self.history.value = run_numbers.runs_table_html(rows)
+        self.history.layout.display = None
 
     def _draw_numbers(self) -> None:
         view = self.current
-        record = view.last if view is not None else None
-        if record is None:
+        if view is None:
             return
-        began = time.perf_counter()
-        self.progress.value = min(record.step, self.progress.max)
-        if view.status == "running":
-            # The run's mean is steadier than the last interval; the first log step
-            # may have no timed seconds yet (its probe step is left out of timings).
-            per_step = record.elapsed_s / record.step if record.elapsed_s > 0 else record.step_time_s
-            eta = _duration((record.total_steps - record.step) * per_step)
-            timing = f"{_duration(record.elapsed_s)} elapsed &middot; ETA {eta}"
+        record, end, total = view.last, view.end, view.start.total_steps
+        now = view.ended_at if view.ended_at is not None else self.clock()
+        elapsed = run_numbers.duration(now - view.started_at)
+        if end is None:
+            per_step = (record.mean_step_time_s or record.step_time_s) if record else math.nan
+            step = record.step if record else 0
+            self.progress.value = min(step, self.progress.max)
+            eta = run_numbers.duration((total - step) * per_step)
+            self.step_text.value = f"step {step} / {total} &middot; {elapsed} elapsed &middot; ETA {eta}"
+        elif end.status == "ok":
+            self.step_text.value = f"step {end.steps_done} / {total} &middot; took {elapsed}"
         else:
-            timing = f"took {_duration(record.elapsed_s)}"
-        self.step_text.value = f"step {record.step} / {record.total_steps} &middot; {timing}"
-        kind, total = record.memory_kind, view.start.memory_total_bytes
-        peak = _opt(record.memory_peak_bytes, format_bytes)
-        if peak and total:
-            peak += f" of {format_bytes(total)}"
-        wait = record.data_wait_s
-        rows: list[tuple[str, str, str | None]] = [
-            ("loss", "loss", f"{record.loss:.4f}"),
-            ("ms_per_step", "ms/step", f"{record.step_time_s * 1e3:.1f}"),
-            ("samples_per_sec", "samples/s", _rate(record.samples_per_sec)),
-            ("tokens_per_sec", "tokens/s", _opt(record.tokens_per_sec, _rate)),
-            ("tflops_per_sec", "TFLOP/s", _opt(record.tflops_per_sec, "{:.3g}".format)),
-            ("mfu", "MFU", _opt(record.mfu, "{:.1%}".format)),
-            ("memory", f"{kind} now", _opt(record.memory_bytes, format_bytes)),
-            ("memory_peak", f"{kind} peak", peak),
-            ("memory_reserved", "CUDA reserved", _opt(record.memory_reserved_bytes, format_bytes)),
-            ("activation_bytes", "saved activations (exact)", _opt(record.activation_bytes, format_bytes)),
-            ("data_wait", "waiting for data",
-             None if wait is None or record.step_time_s <= 0 else f"{wait / record.step_time_s:.0%} of step"),
-            ("lr", "learning rate", _opt(record.lr, "{:.3g}".format)),
-        ]
-        rows += [(key, key, f"{value:.4g}") for key, value in record.extra.items()]
-        self.values = {key: value for key, _, value in rows if value is not None}
-        self.numbers.value = '<div style="display:flex;flex-wrap:wrap">' + "".join(
-            '<div style="min-width:9em;margin:0 1.2em 0.3em 0">'
-            f'<div style="font-size:85%;opacity:0.7">{html.escape(label)}</div>'
-            f'<b class="wb-v" data-k="{key}">{html.escape(value)}</b></div>'
-            for key, label, value in rows if value is not None
-        ) + "</div>"
+            logged = (f" &middot; figures from step {record.step} (last log)"
+                      if record and record.step != end.steps_done else "")
+            self.step_text.value = f"stopped at step {end.steps_done} / {total} &middot; took {elapsed}{logged}"
+        if record is None:
+            if end is not None:
+                self.numbers.value = '<span style="opacity:0.6">no step was logged before the run stopped</span>'
+            return
+        final = end.summary if end is not None else None
+        rates = run_numbers.rate_rows(record, peak_source=view.start.peak_flops_source, final=final)
+        figures = run_numbers.other_figures(record, memory_total_bytes=view.start.memory_total_bytes)
+        self.values = {r.key: r.last for r in rates if r.last is not None}
+        self.values.update({f"mean_{r.key}": r.mean for r in rates if r.mean is not None})
+        self.values.update({key: text for key, _, text in figures})
+        self.numbers.value = run_numbers.numbers_html(
+            rates, figures, interval=(view.interval_first_step, record.step), final=end is not None)
         self.numbers_updates += 1
-        self._numbers_every = max(self.numbers_interval_s, (time.perf_counter() - began) / _VIEW_BUDGET)
 
     def _draw_plot(self) -> None:
         view = self.current
-        if view is None or not view.steps:
+        if view is None or not view.curve.steps:
             return
-        began = time.perf_counter()
-        view.line.set_data(view.steps, view.losses)  # only the current run's curve moves
-        self.ax.relim()
-        self.ax.autoscale_view()
-        buffer = io.BytesIO()
-        self.fig.savefig(buffer, format="png")
-        self.last_png = self.plot.value = buffer.getvalue()
-        self.plot_redraws += 1
-        # A slow machine draws less often rather than slowing the run down.
-        self._plot_every = max(self.plot_interval_s, (time.perf_counter() - began) / _VIEW_BUDGET)
+        self.plot.draw(view.curve)  # only the current run's curve moves
+        if self.plot.figure.layout.display == "none" and view.end is None:
+            self.plot.figure.layout.display = None
+        self.plot_updates += 1
 
     def _show_static(self) -> None:
-        """Leave the final plot in the cell's outputs as a PNG a saved notebook keeps."""
-        if self.last_png is None or _shell() is None:
+        """Leave the final curve in the cell's outputs as a PNG a saved notebook keeps, and
+        the view's plain-text form (what GitHub shows) saying how the run ended."""
+        if _shell() is None:
             return
         from IPython.display import Image, display
 
+        self.last_png = self.plot.png()
+        if self.last_png is not None:
+            self.plot.figure.layout.display = "none"  # the static copy just below shows the same curves
+        if self._handle is not None and self._displayed_in == _cell():
+            self._handle.update(self)  # re-rendered: its plain text now says how the run ended
+        if self.last_png is None:
+            return
         image = Image(data=self.last_png, format="png")
         if self._static is not None and self._static_in == _cell():
             self._static.update(image)  # one image per cell, showing every run so far
         else:
             self._static, self._static_in = display(image, display_id=True), _cell()
-        self.plot.layout.display = "none"  # the static copy just below shows the same figure

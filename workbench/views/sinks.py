@@ -12,6 +12,7 @@ from typing import TextIO
 
 from workbench.core.report import format_bytes
 from workbench.measure.records import RunEnd, RunStart, StepRecord
+from workbench.measure.result import format_metric
 
 
 class RecordingSink:
@@ -61,22 +62,21 @@ class TextSink:
         if not last and now - self._last_print < self.min_interval_s:
             return
         self._last_print = now
-        parts = [
-            f"[{record.run_name}] step {record.step}/{record.total_steps}",
-            f"loss {record.loss:.4f}",
-            f"{record.step_time_s * 1e3:.1f} ms/step",
-            f"{record.samples_per_sec:,.0f} samples/s",
-        ]
+        rates = f"last interval {record.step_time_s * 1e3:.1f} ms/step, {record.samples_per_sec:,.0f} samples/s"
         if record.tokens_per_sec is not None:
-            parts.append(f"{record.tokens_per_sec:,.0f} tokens/s")
+            rates += f", {record.tokens_per_sec:,.0f} tokens/s"
+        parts = [f"[{record.run_name}] step {record.step}/{record.total_steps}", f"loss {record.loss:.4f}", rates]
         if record.memory_bytes is not None:
             parts.append(f"{record.memory_kind} {format_bytes(record.memory_bytes)}")
         self._print(" | ".join(parts))
 
     def end(self, record: RunEnd) -> None:
         if record.status == "ok":
-            self._print(f"[{record.run_name}] done: {record.steps_done} steps")
+            line = f"[{record.run_name}] done: {record.steps_done} steps"
         else:
-            self._print(
-                f"[{record.run_name}] {record.status} after {record.steps_done} steps: {record.message}"
-            )
+            line = f"[{record.run_name}] {record.status} after {record.steps_done} steps: {record.message}"
+        step_time, samples = record.summary.get("step_time_s"), record.summary.get("samples_per_sec")
+        if step_time is not None and samples is not None:  # the RunResult's figures, as the results table writes them
+            line += (f" | run mean {format_metric('step_time_s', step_time)} ms/step, "
+                     f"{format_metric('samples_per_sec', samples)} samples/s")
+        self._print(line)

@@ -1,0 +1,128 @@
+"""What a process sends to its peers: the bytes of the collectives it calls, counted exactly.
+
+`CollectiveCounter` counts, per kind of collective, the calls and the bytes of the *full*
+tensor each call moves (an all-gather's output, a reduce-scatter's input, an all-reduce's
+buffer) while it is active:
+- torch.distributed's Python collectives (what FSDP2's `fully_shard` calls: all-gather
+  before each forward and backward of a group, reduce-scatter of its gradients), by
+  wrapping them for the duration of the block;
+- DistributedDataParallel's bucketed all-reduce, which runs in C++, once
+  `CollectiveCounter.watch_ddp(ddp_model)` has routed it through Python (torch's own
+  default communication hook: the same all-reduce of the same buckets).
+
+How many bytes cross the wire per process follows from these: a ring all-gather or
+reduce-scatter of B bytes sends (N-1)/N x B from each process, an all-reduce twice that
+(`wire_bytes`).
+
+Example:
+    >>> with CollectiveCounter() as comm:      # doctest: +SKIP
+    ...     loss = model(x).sum(); loss.backward()
+    >>> comm.bytes                              # doctest: +SKIP
+    {'all_gather': 526336, 'reduce_scatter': 263168}
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["CollectiveCounter", "wire_bytes"]
+
+# torch.distributed name -> (kind, which argument holds the full tensor)
+_WRAPPED: dict[str, tuple[str, str]] = {
+    "all_gather_single": ("all_gather", "output_tensor"),
+    "all_gather_into_tensor": ("all_gather", "output_tensor"),
+    "reduce_scatter_single": ("reduce_scatter", "input"),
+    "reduce_scatter_tensor": ("reduce_scatter", "input"),
+    "all_reduce": ("all_reduce", "tensor"),
+}
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+class CollectiveCounter:
+    """Count collective calls and their bytes (see the module docstring). Not re-entrant.
+
+    Attributes:
+        calls: kind ('all_gather', 'reduce_scatter', 'all_reduce') -> calls made.
+        bytes: kind -> bytes of the full tensors those calls moved.
+    """
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = {}
+        self.bytes: dict[str, int] = {}
+        self._saved: dict[str, Callable[..., Any]] = {}
+
+    def add(self, kind: str, nbytes: int) -> None:
+        self.calls[kind] = self.calls.get(kind, 0) + 1
+        self.bytes[kind] = self.bytes.get(kind, 0) + nbytes
+
+    def _wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        import inspect
+
+        kind, arg = _WRAPPED[name]
+        position = list(inspect.signature(fn).parameters).index(arg)
+
+        @functools.wraps(fn)
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            tensor = kwargs[arg] if arg in kwargs else args[position]
+            self.add(kind, _nbytes(tensor))
+            return fn(*args, **kwargs)
+
+        return counted
+
+    def __enter__(self) -> CollectiveCounter:
+        import torch.distributed as dist
+
+        for name in _WRAPPED:
+            if hasattr(dist, name):
+                self._saved[name] = getattr(dist, name)
+                setattr(dist, name, self._wrap(name, self._saved[name]))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import torch.distributed as dist
+
+        for name, fn in self._saved.items():
+            setattr(dist, name, fn)
+        self._saved.clear()
+
+    @staticmethod
+    def watch_ddp(model: Any) -> None:
+        """Make a DistributedDataParallel model's gradient all-reduce visible to the counter.
+
+        DDP's reducer all-reduces its buckets from C++, where no Python wrapper sees it. This
+        registers torch's own default hook in Python (`allreduce_hook`: divide by the world
+        size, all-reduce, the same arithmetic), which calls `dist.all_reduce` per bucket."""
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        model.register_comm_hook(None, allreduce_hook)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.bytes.values())
+
+    def __repr__(self) -> str:
+        return f"CollectiveCounter(calls={self.calls}, bytes={self.bytes})"
+
+
+def wire_bytes(kind: str, nbytes: int, processes: int) -> float:
+    """Bytes each process sends for one collective over `nbytes` in a ring of `processes`:
+    (N-1)/N x B for an all-gather or a reduce-scatter, 2(N-1)/N x B for an all-reduce
+    (a reduce-scatter then an all-gather).
+
+    Example:
+        >>> wire_bytes("all_reduce", 1000, 2)
+        1000.0
+    """
+    share = (processes - 1) / processes * nbytes
+    if kind == "all_reduce":
+        return 2 * share
+    if kind in ("all_gather", "reduce_scatter"):
+        return share
+    raise ValueError(f"kind={kind!r} is not a collective counted here; use 'all_gather', 'reduce_scatter' or 'all_reduce'")

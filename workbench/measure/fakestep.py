@@ -1,0 +1,500 @@
+"""`run()`'s training step, replayed on fake tensors: what is live at every moment of it.
+
+`estimate()` needs the peak of a real step, not a sum of upper bounds. So this module
+replays the loop of `engine.train` on `FakeTensorMode` tensors (shapes and dtypes, no
+storage: a 3B model costs nothing) and follows every tensor with `measure.live.LiveTensors`:
+
+- steady state: the optimizer state exists (a first step made it); the loop still holds the
+  previous micro-batch's fp32 logits (its `logits` variable) and its batch; on a CPU the
+  DataLoader's next batch too (accelerate's loader keeps one batch ahead);
+- a micro-batch: fetch, forward under autocast (fp32 logits out, as accelerate converts
+  them), the loss, `backward()` of the loss over the accumulation steps (scaled for fp16).
+  The first micro-batch of a window starts without gradients; with accumulation, a second
+  one starts with them and adds into them (each further one repeats the second);
+- the optimizer step, on the whole model with its gradients: its temporaries (AdamW's
+  foreach form on a GPU holds a square-root copy of every parameter at once; the
+  per-parameter form on a CPU one parameter's worth), after clipping if configured.
+
+On a GPU (`device="cuda"`), three things differ, and are replayed: every storage is rounded
+up to the CUDA allocator's 512-byte blocks; autocast runs `softmax` (and CUDA's other
+float32-listed ops) in fp32 where the CPU's autocast keeps 16 bits, which for attention
+keeps an fp32 and a 16-bit copy of every score matrix; the optimizer takes its foreach form.
+The data loader's look-ahead batch lives in host memory there, not on the device.
+
+A GPT is replayed with at most two groups of blocks (a group is one block, or a
+checkpointed and a plain block under 'every_other'), then scaled: marks at the group
+boundaries give what one more group adds at every moment, and since the blocks are
+identical, the live bytes at any moment are affine in the number of groups between them.
+
+Example:
+    >>> sim = simulate("mlp", ("image_classification", (1, 28, 28), 10, None), (("hidden", (64,)),),
+    ...                "fp32", "none", batch=8, micro_batches=1, device="cpu")   # doctest: +SKIP
+    >>> max(sim.levels)                                                          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import functools
+import gc
+from types import SimpleNamespace
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from workbench.core.precisions import AUTOCAST_DTYPES
+from workbench.measure.live import CUDA_BLOCK_BYTES, LiveTensors
+
+__all__ = ["CUDA_FP32_OPS", "Mark", "ModelState", "Simulation", "StepOps", "cublas_workspace_bytes", "model_state",
+           "simulate"]
+
+# CUDA autocast's "ops that can autocast to float32" (PyTorch AMP docs) that the CPU's
+# autocast does not list: on a GPU they run in fp32 whatever their input.
+CUDA_FP32_OPS = frozenset({
+    "softmax", "log_softmax", "softmin", "layer_norm", "group_norm", "norm", "normalize", "exp", "expm1",
+    "log", "log10", "log1p", "log2", "pow", "reciprocal", "rsqrt", "sum", "prod", "cumsum", "cumprod",
+    "softplus", "erfinv", "sinh", "cosh", "tan", "acos", "asin", "renorm",
+})
+
+
+def cublas_workspace_bytes(compute_capability: tuple[int, int] | None) -> int:
+    """One cuBLAS workspace, as torch allocates it from the caching allocator (so it shows in
+    max_memory_allocated): 32 MiB from Hopper (compute capability 9) on, else :4096:2:16:8
+    (8 MiB + 128 KiB); torch's CublasHandlePool.cpp, without CUBLAS_WORKSPACE_CONFIG."""
+    major = compute_capability[0] if compute_capability else 8
+    return 4096 * 8 * 1024 if major >= 9 else 4096 * 1024 * 2 + 16 * 1024 * 8
+
+
+class _CudaAutocastPolicy(TorchFunctionMode):
+    """On CPU fake tensors, run CUDA_FP32_OPS in fp32 while autocast is on, as CUDA's does."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", "") in CUDA_FP32_OPS and torch.is_autocast_enabled("cpu"):
+            def up(a: Any) -> Any:
+                low = isinstance(a, torch.Tensor) and a.dtype in (torch.float16, torch.bfloat16)
+                return a.float() if low else a
+            args, kwargs = tuple(up(a) for a in args), {k: up(v) for k, v in kwargs.items()}
+        return func(*args, **kwargs)
+
+
+@functools.cache
+def _fake_mode():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    # Plain CPU fake tensors: CPU autocast applies to them (it would not to 'meta' ones).
+    # One mode for every estimate: it caches each op's output shapes.
+    return FakeTensorMode(allow_non_fake_inputs=False)
+
+
+def build(model_name: str, spec_key: tuple, dims: tuple) -> nn.Module:
+    """The model on fake tensors (call inside `_fake_mode()`)."""
+    from workbench.core.models import build_model
+
+    task, shape, classes, vocab = spec_key
+    spec = SimpleNamespace(name="estimate", task=task, input_shape=shape, num_classes=classes,
+                           vocab_size=vocab, pad_token_id=None)
+    return build_model(model_name, data=spec, dims=dict(dims))
+
+
+def _size(nbytes: int, device: str) -> int:
+    # CUDA: whole 512-byte blocks (an empty tensor takes none)
+    return nbytes and -(-nbytes // CUDA_BLOCK_BYTES) * CUDA_BLOCK_BYTES if device == "cuda" else nbytes
+
+
+def _storages(tensors: Any) -> dict[int, int]:
+    return {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in tensors}
+
+
+class ModelState(NamedTuple):
+    """The whole model's state (exact bytes) and what its optimizer step adds on top."""
+
+    parameter_count: int
+    parameter_bytes: int
+    buffer_bytes: int
+    gradient_bytes: int
+    optimizer_state_bytes: int
+    resident_bytes: int
+    """Parameters + buffers + optimizer state as the device holds them (CUDA: in 512-byte
+    blocks, and without the optimizer's `step` counters, which torch keeps on the host)."""
+    gradient_device_bytes: int
+    optimizer_step_bytes: int
+    """Peak of the optimizer step's temporaries (clipping included), gradients present."""
+    optimizer_ops: tuple[tuple[int, int, str], ...] = ()
+    """(FLOPs, bytes, dtype) of each op of that step."""
+    trainable_parameter_count: int | None = None
+    """Parameters that train (freezing and LoRA leave the rest without gradient and state)."""
+
+
+# RunConfig fields that choose what trains (notebook 09), in this order in model_state's key.
+TRAINABLE_FIELDS = ("freeze", "freeze_layers", "lora_rank", "lora_targets", "lora_alpha")
+ALL_TRAIN = ("none", 0, 0, "attention", None)
+
+
+@functools.lru_cache(maxsize=64)
+def model_state(model_name: str, spec_key: tuple, dims: tuple, optimizer: str, weight_decay: float,
+                clip: bool, device: str, trainable: tuple = ALL_TRAIN, shard: tuple[int, int] = (1, 0)) -> ModelState:
+    """Parameter, buffer, gradient and optimizer-state bytes of the full model, and its
+    optimizer step's temporaries in steady state (the second step: the state exists).
+
+    `trainable`: the TRAINABLE_FIELDS values (freezing, LoRA) applied; `shard` = (processes,
+    rank): the bytes that rank holds when the model state is sharded (sharding='full')."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
+    from workbench.core.config import RunConfig
+    from workbench.core.optim import make_optimizer
+    from workbench.core.trainable import freeze_parts, lora_shapes
+    from workbench.measure.counters import (
+        FlopCounter,
+        _held,
+        gradient_bytes,
+        optimizer_state_bytes,
+        parameter_bytes,
+        shard_rows,
+    )
+
+    choice = SimpleNamespace(**dict(zip(TRAINABLE_FIELDS, trainable)))
+    if optimizer == "adamw8bit":
+        # Its 256-entry lookup tables are built from Python lists, which fake tensors cannot
+        # be: build them (torchao caches them) before entering the fake mode.
+        from workbench.core.torchao_support import import_torchao
+
+        tables = import_torchao("torchao.optim.subclass_8bit")
+        tables.get_qmap_signed(), tables.get_qmap_unsigned()
+    foreach = device == "cuda"  # torch's default: foreach on CUDA tensors, per parameter on CPU ones
+    with _fake_mode():
+        model = build(model_name, spec_key, dims)
+        every = list(model.parameters())
+        if choice.lora_rank:
+            # peft cannot wrap fake tensors (its .to() swaps them): every weight frozen, plus
+            # LoRA's A and B matrices of exactly the shapes peft adds (trainable.lora_shapes).
+            model.requires_grad_(False)
+            every += [nn.Parameter(torch.zeros(shape)) for shape in
+                      lora_shapes(model, rank=choice.lora_rank, targets=choice.lora_targets)]
+        else:
+            freeze_parts(model, choice.freeze, first_layers=choice.freeze_layers)
+        count = sum(p.numel() for p in every)  # LoRA's adapters included, as run() counts them
+        trained = sum(p.numel() for p in every if p.requires_grad)
+        processes, rank = shard
+        if processes > 1:  # one process's shard of every parameter (FSDP2: rows ceil(d/N) per rank)
+            every = [nn.Parameter(p.new_zeros(shard_rows(p.shape[0], processes, rank), *p.shape[1:]), p.requires_grad)
+                     for p in every]
+        held = nn.ParameterList(every)
+        params = [p for p in held if p.requires_grad]
+        for p in params:  # what a backward leaves: one gradient per trainable parameter
+            p.grad = torch.zeros_like(p)
+        opt = make_optimizer(held, RunConfig(model=model_name, optimizer=optimizer, weight_decay=weight_decay).resolved())
+        for group in opt.param_groups:
+            group["foreach"] = foreach
+        live = LiveTensors(round_to=CUDA_BLOCK_BYTES if device == "cuda" else 1)
+        ops = FlopCounter(record_ops=True)
+        try:
+            opt.step()  # PyTorch optimizers create their state lazily, at the first step
+            counters = [leaf for s in opt.state.values() for k, v in s.items()
+                        if isinstance(v, torch.Tensor) and not (device == "cuda" and k == "step") for leaf in _held(v)]
+            resident = sum(_size(n, device) for n in _storages([*held, *model.buffers()]).values())
+            resident += sum(_size(n, device) for n in _storages(counters).values())
+            with live, ops:
+                if clip:
+                    torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=foreach)
+                opt.step()
+        except DataDependentOutputException:
+            # Adafactor reads a norm with .item(), which a fake tensor cannot answer; it has made
+            # every parameter's state by then (counted only if so). Its step's temporaries are not.
+            if len(opt.state) < len(params):
+                raise
+            counters = [leaf for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)
+                        for leaf in _held(v)]
+            resident = sum(_size(n, device) for n in _storages([*held, *model.buffers()]).values())
+            resident += sum(_size(n, device) for n in _storages(counters).values())
+        return ModelState(
+            parameter_count=count, parameter_bytes=parameter_bytes(held),
+            buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
+            gradient_bytes=gradient_bytes(held, expected=True), optimizer_state_bytes=optimizer_state_bytes(opt),
+            resident_bytes=resident, gradient_device_bytes=sum(_size(p.numel() * p.element_size(), device)
+                                                               for p in params),
+            optimizer_step_bytes=live.peak_bytes, optimizer_ops=tuple(ops.ops or ()),
+            trainable_parameter_count=trained,
+        )
+
+
+class Mark(NamedTuple):
+    """A named moment of the replay."""
+
+    index: int
+    """Allocations before it (an index into Simulation.levels)."""
+    level: int
+    """Live bytes then."""
+    flops: int
+    """FLOPs so far (first micro-batch)."""
+    saved: int
+    """Saved-activation bytes so far (first micro-batch)."""
+    clock: int
+    """LiveTensors' clock then (orders it among allocations and releases)."""
+    op: int
+    """Ops of its micro-batch so far (an index into Simulation.ops[micro - 1])."""
+
+
+class Simulation(NamedTuple):
+    """One replayed optimizer step's micro-batches, model state excluded."""
+
+    levels: tuple[int, ...]
+    """Live bytes after every allocation, in order."""
+    marks: dict[str, Mark]
+    """'label.micro' -> the mark."""
+    flops: int
+    """FLOPs of one micro-batch (forward, loss, backward, recompute)."""
+    saved_bytes: int
+    """Saved-activation bytes of one micro-batch (forward and loss)."""
+    end_bytes: int
+    """Live after the last backward: what the optimizer step starts with (gradients included)."""
+    let_go: tuple[int, ...] = ()
+    """Per micro-batch: bytes the second group made in its forward and freed when it ended."""
+    ops: tuple[tuple[tuple[int, int, str], ...], ...] = ()
+    """Per micro-batch: (FLOPs, bytes, dtype) of each op, from the forward to the backward's end."""
+
+
+def _inputs(task: str, shape: tuple, batch: int) -> dict[str, torch.Tensor]:
+    if task == "language_modeling":
+        return {"inputs": torch.zeros(batch, *shape, dtype=torch.long), "labels": torch.zeros(batch, *shape, dtype=torch.long)}
+    return {"inputs": torch.zeros(batch, *shape), "labels": torch.zeros(batch, dtype=torch.long)}
+
+
+def _logits_shape(spec_key: tuple, batch: int) -> tuple[int, ...]:
+    task, shape, classes, vocab = spec_key
+    return (batch, *shape, vocab) if task == "language_modeling" else (batch, classes)
+
+
+class _Raw(NamedTuple):
+    """A replay as recorded, sizes exact: every storage's life and every mark, by clock."""
+
+    storages: tuple[tuple[int, int, int], ...]
+    """(clock made, clock freed or _NEVER, bytes) per storage."""
+    marks: dict[str, tuple[int, int, int, int]]
+    """'label.micro' -> (clock, FLOPs so far, saved bytes so far, ops of its micro-batch so far)."""
+    ops: tuple[tuple[tuple[int, int, str], ...], ...]
+    flops: int
+    saved_bytes: int
+
+    def shape(self) -> tuple:
+        """What must agree between two batch sizes for sizes to be read as affine in the batch."""
+        return (tuple((b, f) for b, f, _ in self.storages), tuple((k, v[0], v[3]) for k, v in self.marks.items()),
+                tuple(tuple(d for _, _, d in ops) for ops in self.ops))
+
+    def at(self, other: _Raw, batch: int, other_batch: int, wanted: int) -> _Raw:
+        """This replay (at `batch`) and `other` (at `other_batch`) read as lines, at `wanted`."""
+        def line(a: int, b: int) -> int:
+            step, rest = divmod((b - a) * (wanted - batch), other_batch - batch)
+            assert rest == 0
+            return a + step
+
+        return _Raw(
+            storages=tuple((b, f, line(n, m)) for (b, f, n), (_, _, m) in zip(self.storages, other.storages, strict=True)),
+            marks={k: (v[0], line(v[1], other.marks[k][1]), line(v[2], other.marks[k][2]), v[3])
+                   for k, v in self.marks.items()},
+            ops=tuple(tuple((line(f, g), line(n, m), d) for (f, n, d), (g, m, _) in zip(a, b, strict=True))
+                      for a, b in zip(self.ops, other.ops, strict=True)),
+            flops=line(self.flops, other.flops), saved_bytes=line(self.saved_bytes, other.saved_bytes))
+
+
+_NEVER = 2**62
+
+
+@functools.lru_cache(maxsize=256)
+def _replay(model_name: str, spec_key: tuple, dims: tuple, precision: str, checkpointing: str, *,
+            batch: int, device: str, group: int) -> _Raw:
+    """Replay two micro-batches of the loop on fake tensors (the first without gradients,
+    the second adding into them), recording every storage's life and the marks.
+
+    `group` > 0 (GPT): mark the boundaries of the first two groups of `group` blocks:
+    F0/F1 after each group's forward, B1/B0 when the gradient of each group's input is
+    complete (suffixed with the micro-batch number).
+    """
+    micro_batches = 2
+    from workbench.core.models import loss_fn, set_activation_checkpointing
+    from workbench.measure.counters import FlopCounter, SavedActivationCounter
+
+    task = spec_key[0]
+    with _fake_mode():
+        model = build(model_name, spec_key, dims)
+        set_activation_checkpointing(model, checkpointing)
+        live = LiveTensors(levels=True)  # exact sizes: a device's rounding is applied after
+        # One op recorder per micro-batch; the first also counts the FLOPs reported.
+        counters = [FlopCounter(record_ops=True) for _ in range(micro_batches)]
+        flops, saved = counters[0], SavedActivationCounter(model)
+        marks: dict[str, tuple[int, int, int, int]] = {}
+        state = SimpleNamespace(forward=False, micro=0)
+
+        def mark(label: str) -> None:
+            live.mark(label)
+            clock = live.marks[-1][3]
+            marks[f"{label}.{state.micro}"] = (clock, flops.total, saved.bytes, len(counters[state.micro - 1].ops or ()))
+
+        if group:
+            blocks = model.blocks
+
+            def after(label: str, hook_output: bool) -> Any:
+                def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+                    if state.forward:  # not the recompute of a checkpointed block in backward
+                        mark(label)
+                        if hook_output:  # its gradient is complete once the next group's backward is done
+                            output.register_hook(lambda grad: mark("B1"))
+                return hook
+
+            def before_first(module: nn.Module, args: tuple) -> None:
+                if state.forward:
+                    args[0].register_hook(lambda grad: mark("B0"))
+
+            blocks[group - 1].register_forward_hook(after("F0", True))
+            blocks[2 * group - 1].register_forward_hook(after("F1", False))
+            blocks[0].register_forward_pre_hook(before_first)
+
+        dtype = AUTOCAST_DTYPES.get(precision)
+        policy = _CudaAutocastPolicy() if device == "cuda" and dtype else contextlib.nullcontext()
+        gc.disable()  # fake tensors freed by reference counts alone: the same levels everywhere
+        try:
+            with live, policy:
+                # Left from the previous step: the loop's `logits`, `loss` and `batch`; on a CPU
+                # also the batch accelerate's loader has fetched ahead.
+                logits = torch.empty(_logits_shape(spec_key, batch))
+                loss = torch.zeros(())
+                batch_now = _inputs(task, spec_key[1], batch)
+                ahead = _inputs(task, spec_key[1], batch) if device == "cpu" else None
+                # The loop's running loss and last logged loss; fp16's GradScaler keeps its scale,
+                # its growth tracker and the last step's found-inf flag: scalars, but live too.
+                scalars = [torch.zeros(()) for _ in range(2)]
+                scale = None
+                if precision == "fp16":
+                    scale = torch.ones(())
+                    scalars += [torch.zeros((), dtype=torch.int32), torch.zeros(())]
+                for micro in range(1, micro_batches + 1):
+                    state.micro = micro
+                    counting = micro == 1
+                    # fetch: a CPU loader collates the batch after next; a GPU gets a device copy
+                    fresh = _inputs(task, spec_key[1], batch)
+                    if ahead is not None:
+                        batch_now, ahead = ahead, fresh
+                    else:
+                        batch_now = fresh
+                    del fresh
+                    with counters[micro - 1]:
+                        with saved if counting else contextlib.nullcontext():
+                            state.forward = True
+                            with torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext():
+                                out = model(batch_now["inputs"])
+                            mark("forward_end")  # autocast has let go of its cached weight casts
+                            logits = out.float() if dtype else out  # accelerate's convert_outputs_to_fp32
+                            del out
+                            loss = loss_fn(logits, batch_now["labels"])
+                            state.forward = False
+                        mark("backward")
+                        # accelerator.backward divides by the accumulation steps (a scalar, whatever their number)
+                        scaled = loss / micro_batches
+                        if scale is not None:
+                            scaled = scaled * scale
+                        _backward(scaled, policy)
+                        del scaled
+                    mark("end")
+        finally:
+            gc.enable()
+        del logits, loss, batch_now, ahead, scalars, scale
+        storages = [(born, freed, size) for born, size, freed in live.released]
+        storages += [(live._born[key], _NEVER, size) for key, size in live._live.items()]
+        return _Raw(storages=tuple(sorted(storages)), marks=marks, ops=tuple(tuple(c.ops or ()) for c in counters),
+                    flops=flops.total, saved_bytes=saved.bytes)
+
+
+@functools.lru_cache(maxsize=512)
+def simulate(model_name: str, spec_key: tuple, dims: tuple, precision: str, checkpointing: str, *,
+             batch: int, micro_batches: int, device: str, group: int = 0) -> Simulation:
+    """The loop's first `micro_batches` (1 or 2) micro-batches at `batch` samples, on `device`.
+
+    Every tensor's size is affine in the micro-batch, and the ops are the same at any size
+    from 2 on: so two replays, at 2 and 3 samples, give every storage's size at any batch,
+    exactly, and the device's rounding is applied to each. (Checked: when the two replays
+    differ in shape, or for 1 sample, the batch itself is replayed.)
+    """
+    key = (model_name, spec_key, dims, precision, checkpointing)
+    if batch in (2, 3) or batch < 2:
+        raw = _replay(*key, batch=batch, device=device, group=group)
+    else:
+        two, three = (_replay(*key, batch=b, device=device, group=group) for b in (2, 3))
+        raw = (two.at(three, 2, 3, batch) if two.shape() == three.shape()
+               else _replay(*key, batch=batch, device=device, group=group))
+    return _materialise(raw, micro_batches, round_to=CUDA_BLOCK_BYTES if device == "cuda" else 1)
+
+
+def _materialise(raw: _Raw, micro_batches: int, *, round_to: int) -> Simulation:
+    """Live bytes after every allocation, and each mark's place and level, with sizes rounded."""
+    size = (lambda n: n) if round_to <= 1 else (lambda n: n and -(-n // round_to) * round_to)
+    events = sorted([(born, size(n)) for born, _, n in raw.storages] +
+                    [(freed, -size(n)) for _, freed, n in raw.storages if freed != _NEVER])
+    stop = raw.marks[f"end.{micro_batches}"][0]
+    levels, level, at_clock = [], 0, []
+    for clock, change in events:
+        if clock > stop:
+            break
+        level += change
+        if change > 0:
+            levels.append(level)
+        at_clock.append((clock, level, len(levels)))
+    clocks = [c for c, _, _ in at_clock]
+
+    def place(clock: int) -> tuple[int, int]:  # (allocations before, live bytes) at a mark's clock
+        i = bisect.bisect_left(clocks, clock)
+        return (at_clock[i - 1][2], at_clock[i - 1][1]) if i else (0, 0)
+
+    marks = {}
+    for label, (clock, flops, saved, op) in raw.marks.items():
+        if int(label.rsplit(".", 1)[1]) <= micro_batches:
+            index, lvl = place(clock)
+            marks[label] = Mark(index, lvl, flops, saved, clock, op)
+    let_go = []
+    for micro in range(1, micro_batches + 1):
+        if f"F0.{micro}" not in marks:
+            let_go.append(0)
+            continue
+        # What the second group made in its forward and autocast let go of when the forward
+        # ended (its weight casts, unless saved): one more group holds that only until then.
+        f0, f1, end = (marks[f"{k}.{micro}"].clock for k in ("F0", "F1", "forward_end"))
+        let_go.append(sum(size(n) for born, freed, n in raw.storages if f0 < born < f1 and f1 < freed < end))
+    return Simulation(levels=tuple(levels), marks=marks, flops=raw.flops, saved_bytes=raw.saved_bytes,
+                      end_bytes=marks[f"end.{micro_batches}"].level, let_go=tuple(let_go),
+                      ops=raw.ops[:micro_batches])
+
+
+class StepOps(NamedTuple):
+    """Every op of an optimizer step, for a roofline: the replayed micro-batches' ops, what one
+    more group of blocks adds to each, and the optimizer step's."""
+
+    micro: tuple[tuple[tuple[int, int, str], ...], ...]
+    group: tuple[tuple[tuple[int, int, str], ...], ...]
+    scaled: int
+    accumulation: int
+    optimizer: tuple[tuple[int, int, str], ...]
+
+    def seconds(self, peaks: dict[str, float], bandwidth: float | None) -> float:
+        """A lower bound on the step's time: each op at the slower of its FLOPs at the peak
+        of its dtype and its bytes at the memory bandwidth (None: FLOPs only)."""
+        def time(ops: tuple) -> float:
+            return sum(max(f / peaks.get(dtype, peaks["fp32"]) if f else 0.0, b / bandwidth if bandwidth else 0.0)
+                       for f, b, dtype in ops)
+
+        per_micro = [time(ops) + self.scaled * time(group) for ops, group in zip(self.micro, self.group, strict=True)]
+        return per_micro[0] + (self.accumulation - 1) * per_micro[-1] + time(self.optimizer)
+
+
+def _backward(loss: torch.Tensor, policy: Any) -> None:
+    if isinstance(policy, _CudaAutocastPolicy):
+        # Tensor.backward() would go through the policy mode, which torch switches off while
+        # it handles a call: the recompute of checkpointed blocks inside backward would then
+        # run without it. The engine, called directly, keeps the mode on.
+        from torch.autograd.graph import _engine_run_backward
+
+        _engine_run_backward((loss,), (torch.ones_like(loss),), False, False, (), allow_unreachable=True,
+                             accumulate_grad=True)
+    else:
+        loss.backward()
