@@ -170,6 +170,14 @@ def test_run_trains_with_sdpa_and_counts_its_bytes():
     assert fused.losses == pytest.approx(base.losses, rel=1e-5)
 
 
+def test_the_estimate_predicts_sdpa_bytes_and_flops_as_the_run_counts_them():
+    cfg = RunConfig(model="gpt", attention="sdpa", steps=1, eval_samples=0, dims={"n_layer": 3}, batch_size=2,
+                    seq_len=16, device="cpu", preset="cpu-quick")
+    est, ran = wb.estimate(cfg, device="cpu"), run(cfg)
+    assert est.activation_bytes == ran.memory.activation_bytes  # 3 layers: replayed 2, the third scaled in
+    assert est.flops_per_step == ran.flops_per_step
+
+
 # -- fused and foreach optimizers: the same update ---------------------------------------------------
 
 @pytest.mark.parametrize("optimizer", ["adamw", "adam", "sgd"])
