@@ -14,6 +14,7 @@ import functools
 import importlib.util
 import math
 import os
+import sys
 import typing
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -21,7 +22,7 @@ from typing import Any, Literal
 from workbench.core import hardware, limits
 from workbench.core.data import DATASETS, train_size
 from workbench.core.models import MODEL_SPECS, MODELS
-from workbench.core.optim import OPTIMIZERS
+from workbench.core.optim import IMPLEMENTATIONS, OPTIMIZERS, implementation_problem
 from workbench.core.precisions import PRECISIONS, grad_scaler_problem, scaler_kwargs
 from workbench.core.presets import PRESETS, get_preset
 from workbench.core.trainable import FREEZE_CHOICES, LORA_TARGETS
@@ -39,6 +40,9 @@ Device = Literal["auto", "cpu", "cuda"]
 FreezeChoice = Literal[tuple(FREEZE_CHOICES)]
 LoraTargets = Literal[tuple(LORA_TARGETS)]
 Sharding = Literal["none", "full"]
+CompileMode = Literal["none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+Attention = Literal["explicit", "sdpa"]
+OptimizerImpl = Literal[tuple(IMPLEMENTATIONS)]
 
 
 class ConfigError(ValueError):
@@ -134,6 +138,21 @@ class RunConfig:
     """'full': split parameters, gradients and optimizer state across the processes (FSDP2
     `fully_shard`, ZeRO stage 3); needs several processes (wb.launch). 'none': each process
     holds the whole model state (data parallel)."""
+    compile: CompileMode = "none"
+    """torch.compile the model with this mode (inductor): 'default'; 'reduce-overhead' (adds CUDA
+    graphs on a GPU; on a CPU the same as 'default'); 'max-autotune' (also benchmarks kernel
+    variants while compiling: much longer compiles); 'max-autotune-no-cudagraphs'. The first step
+    pays the compile. On a CPU inductor writes C++: needs g++ (or $CXX). 'none': eager."""
+    attention: Attention = "explicit"
+    """gpt: 'explicit' (matmul, mask, softmax, matmul: saves the s x s probabilities) or 'sdpa'
+    (F.scaled_dot_product_attention: a fused kernel that keeps no s x s matrix)."""
+    optimizer_impl: OptimizerImpl = "default"
+    """How the optimizer runs its update: 'for-loop' (parameter by parameter), 'foreach' (each op
+    over all parameters at once), 'fused' (one kernel) or 'default' (torch's choice: foreach on
+    CUDA, for-loop on CPU). The same update every way."""
+    tf32: bool = False
+    """CUDA (Ampere or newer): fp32 matmuls and convolutions on TF32 tensor cores (10-bit mantissa,
+    fp32 range) during training; evaluation stays full fp32. Not available on a CPU."""
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -192,6 +211,10 @@ _TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "lora_targets": ((str,), "'attention' or 'attention_mlp'"),
     "lora_alpha": ((int, float, type(None)), "a number such as 16, or None"),
     "sharding": ((str,), "'none' or 'full'"),
+    "compile": ((str,), "'none', 'default', 'reduce-overhead', 'max-autotune' or 'max-autotune-no-cudagraphs'"),
+    "attention": ((str,), "'explicit' or 'sdpa'"),
+    "optimizer_impl": ((str,), "'default', 'for-loop', 'foreach' or 'fused'"),
+    "tf32": ((bool,), "True or False"),
 }
 
 
@@ -316,6 +339,7 @@ def _check_values(cfg: RunConfig, r: dict[str, Any]) -> None:
     _check_save_and_resume(r)
     _check_device(r)
     _check_fewer_bytes(r)
+    _check_speed(r)
     if not data.startswith("hub:"):
         size = train_size(data, r["seq_len"])
         if r["batch_size"] > size:
@@ -459,3 +483,45 @@ def _check_fewer_bytes(r: dict[str, Any]) -> None:
             if r[name] != off:
                 raise ConfigError(f"sharding={r['sharding']!r} does not support {name} yet; "
                                   f"pass {name}={off!r} or sharding='none'")
+
+
+def _check_speed(r: dict[str, Any]) -> None:
+    """The switches of notebook 08: compile, attention, optimizer_impl, tf32."""
+    import torch
+
+    for name in ("compile", "attention", "optimizer_impl"):
+        _one_of(name, r[name])
+    device = hardware.resolve_device(r["device"])
+    if r["compile"] != "none":
+        if device == "cpu" and hardware.cpp_compiler() is None:
+            raise ConfigError(f"compile={r['compile']!r} on a CPU needs a C++ compiler (inductor writes C++ "
+                              "kernels) and none was found: apt-get install g++ (or set $CXX), or use compile='none'")
+        if not torch._dynamo.is_dynamo_supported():
+            raise ConfigError(f"compile={r['compile']!r}: torch.compile does not support this Python "
+                              f"({sys.version_info[0]}.{sys.version_info[1]}); use compile='none'")
+        if device == "cuda" and importlib.util.find_spec("triton") is None:
+            raise ConfigError(f"compile={r['compile']!r} on a GPU needs triton, which is not installed: "
+                              "pip install triton (the version your torch names), or use compile='none'")
+    if r["compile"] != "none" and r["sharding"] != "none":
+        raise ConfigError(f"compile={r['compile']!r} with sharding={r['sharding']!r} is not wired or tested here; "
+                          "pass compile='none' or sharding='none'")
+    if r["attention"] == "sdpa" and r["model"] != "gpt":
+        raise ConfigError(f"attention='sdpa' switches the GPT's attention and model={r['model']!r} is not the GPT; "
+                          "use model='gpt' or attention='explicit'")
+    if problem := implementation_problem(_Namespace(r)):
+        raise ConfigError(problem)
+    if r["tf32"]:
+        if device != "cuda":
+            raise ConfigError("tf32=True acts on CUDA matmuls and this run is on the CPU (which has no TF32); "
+                              "use tf32=False, or device='cuda' on an Ampere or newer GPU")
+        info = hardware.gpu_info()  # nvidia-smi: no CUDA context before a launcher forks
+        if info is not None and info.compute_capability < (8, 0):
+            raise ConfigError(f"tf32=True needs an Ampere or newer GPU (compute capability 8.0+); "
+                              f"{info.name} is {info.compute_capability[0]}.{info.compute_capability[1]}: use tf32=False")
+
+
+class _Namespace:
+    """Attribute access to the resolved values, for builders that take a config."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.__dict__.update(values)

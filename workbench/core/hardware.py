@@ -299,6 +299,20 @@ def emulation_warning(device: str, precision: str) -> str | None:
     )
 
 
+def cpp_compiler() -> str | None:
+    """The C++ compiler torch.compile's inductor would call for CPU code ($CXX, else g++;
+    clang++ on macOS), as a path, or None when there is none (then compiling for a CPU fails).
+
+    Example:
+        >>> cpp_compiler()  # doctest: +SKIP
+        '/usr/bin/g++'
+    """
+    import sys
+
+    name = os.environ.get("CXX") or ("clang++" if sys.platform == "darwin" else "g++")
+    return shutil.which(name)
+
+
 def _version(package: str) -> str:
     try:
         return importlib.metadata.version(package)

@@ -29,7 +29,7 @@ from torch.utils.checkpoint import checkpoint
 from workbench.core.saved import note_saved
 
 __all__ = ["MODELS", "MODEL_SPECS", "ModelSpec", "loss_fn", "MLP", "SmallCNN", "GPT", "PretrainedClassifier", "build_model",
-           "set_activation_checkpointing", "parameter_count", "pretrained_config"]
+           "set_activation_checkpointing", "set_attention", "ATTENTIONS", "parameter_count", "pretrained_config"]
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -103,6 +103,7 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, d_model: int, n_head: int, seq_len: int, dropout: float) -> None:
         super().__init__()
         self.n_head, self.dropout = n_head, dropout
+        self.fused = False  # True: F.scaled_dot_product_attention (set_attention)
         self.c_attn = nn.Linear(d_model, 3 * d_model)  # fused q, k, v
         self.c_proj = nn.Linear(d_model, d_model)
         # True above the diagonal (the future). Kept as a buffer and sliced, never inverted
@@ -114,7 +115,16 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        # Explicit attention math, not F.scaled_dot_product_attention: the fused kernels
+        if self.fused:  # set_attention(model, "sdpa"): one fused kernel, no s x s matrix kept
+            # Saves q, k, v (views of the one qkv output), the output and the softmax's
+            # log-sum-exp per row (fp32) on CPU: counters.gpt_activation_bytes_formula(attention="sdpa").
+            # With dropout the CPU picks the math backend, which keeps s x s tensors again.
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0,
+                                               is_causal=True)
+            y = y.transpose(1, 2).contiguous().view(B, T, C)  # the kernel's output is laid out (B, T, a, d): no copy
+            y = self.c_proj(y)
+            return F.dropout(y, self.dropout) if self.training and self.dropout > 0 else y
+        # Explicit attention math by default, not F.scaled_dot_product_attention: the fused kernels
         # save different tensors on CPU and on each GPU backend (flash keeps no s x s
         # matrix at all), while this saves exactly what Korthikanti et al. count, the same
         # everywhere, so counters.gpt_activation_bytes_formula can be checked exactly.
@@ -305,6 +315,33 @@ def set_activation_checkpointing(model: nn.Module, blocks: str | Iterable[int]) 
     elif blocks != "none":
         raise ValueError("activation checkpointing applies to models with blocks (gpt, minilm), "
                          f"not {type(model).__name__}")
+    return model
+
+
+ATTENTIONS = ("explicit", "sdpa")
+"""How the GPT computes attention: 'explicit' (matmul, mask, softmax, matmul: what Korthikanti et
+al. count) or 'sdpa' (torch.nn.functional.scaled_dot_product_attention, a fused kernel)."""
+
+
+def set_attention(model: nn.Module, attention: str) -> nn.Module:
+    """Compute the GPT's attention explicitly ('explicit') or with the fused kernel ('sdpa').
+
+    'explicit' is accepted by every model, so a loop may always call this; 'sdpa' needs the GPT
+    (MiniLM's attention is chosen inside transformers). Weights are untouched: the two compute
+    the same function, so a model can be switched back and forth. Returns the model.
+
+    Example:
+        >>> model = GPT(vocab_size=256, seq_len=16, n_layer=1, n_head=2, d_model=8)
+        >>> set_attention(model, "sdpa").blocks[0].attn.fused
+        True
+    """
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention={attention!r} is not known; use one of: {', '.join(map(repr, ATTENTIONS))}")
+    layers = [m for m in model.modules() if isinstance(m, CausalSelfAttention)]
+    if attention == "sdpa" and not layers:
+        raise ValueError(f"attention='sdpa' applies to the GPT, not {type(model).__name__}; use attention='explicit'")
+    for layer in layers:
+        layer.fused = attention == "sdpa"
     return model
 
 

@@ -32,22 +32,35 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {
                                "(torchao.optim.AdamW8bit)", 1.0),
 }
 
+# How torch runs an optimizer's update (the torch.optim docs' three implementations; the
+# same math each way, so `optimizer_impl` changes speed, not the update) -> its constructor
+# keywords. The docs: "the performance ordering of the 3 implementations is fused > foreach
+# > for-loop"; torch's default is foreach when every parameter is on a CUDA device, else for-loop.
+IMPLEMENTATIONS: dict[str, dict[str, bool]] = {
+    "default": {},                    # torch's choice
+    "for-loop": {"foreach": False},   # parameter by parameter: a few small ops each
+    "foreach": {"foreach": True},     # each op over all parameters at once (torch._foreach_*)
+    "fused": {"fused": True},         # the whole update in one kernel per dtype and device
+}
+
 
 def make_optimizer(model: torch.nn.Module, cfg: Any) -> torch.optim.Optimizer:
-    """The optimizer `cfg.optimizer` over the model's trainable parameters."""
+    """The optimizer `cfg.optimizer` over the model's trainable parameters, run the
+    `cfg.optimizer_impl` way (see IMPLEMENTATIONS)."""
     params = [p for p in model.parameters() if p.requires_grad]
+    impl = IMPLEMENTATIONS[cfg.optimizer_impl]  # technique: fused / foreach optimizer
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=0.9, weight_decay=cfg.weight_decay)
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=0.9, weight_decay=cfg.weight_decay, **impl)
     if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay, **impl)
     if cfg.optimizer == "adafactor":
-        return torch.optim.Adafactor(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        return torch.optim.Adafactor(params, lr=cfg.lr, weight_decay=cfg.weight_decay, **impl)
     if cfg.optimizer == "adamw8bit":
         from workbench.core.torchao_support import import_torchao
 
         AdamW8bit = import_torchao("torchao.optim").AdamW8bit  # quietly: it logs about CUDA-only parts
-        return _eager_on_cpu(AdamW8bit(params, lr=cfg.lr, weight_decay=cfg.weight_decay))
-    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        return _eager_on_cpu(AdamW8bit(params, lr=cfg.lr, weight_decay=cfg.weight_decay, **impl))
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, **impl)
 
 
 def _eager_on_cpu(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
@@ -67,3 +80,22 @@ def _eager_on_cpu(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
 
     optimizer.step = step_eagerly
     return optimizer
+
+
+def implementation_problem(cfg: Any) -> str | None:
+    """Why `cfg.optimizer` cannot run as `cfg.optimizer_impl` (None: it can), found by building
+    it on a one-weight model, so an optimizer added later is checked the same way.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> implementation_problem(SimpleNamespace(optimizer="adamw", optimizer_impl="fused", lr=1e-3, weight_decay=0.0))
+    """
+    if cfg.optimizer_impl == "default":
+        return None
+    try:
+        make_optimizer(torch.nn.Linear(1, 1), cfg)
+    except (TypeError, RuntimeError, ValueError) as error:
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        return (f"optimizer_impl={cfg.optimizer_impl!r} does not work with optimizer={cfg.optimizer!r} "
+                f"({reason}); use optimizer_impl='foreach', 'for-loop' or 'default'")
+    return None

@@ -71,6 +71,7 @@ class Monitor:
         self.losses: list[float] = []
         self.activation_bytes: int | None = None
         self.flops_per_step: int | None = None
+        self.first_step_s: float | None = None
         self.status, self.message = "running", ""
         self.result: RunResult | None = None
         """The RunResult, once the `with` block has ended (however it ended)."""
@@ -137,6 +138,8 @@ class Monitor:
             self.description = dataclasses.replace(self.description, batch_size=per_micro)
         if probe:
             self.flops_per_step, self.activation_bytes = flops.total, saved.bytes
+        if self.steps_done == 1:
+            self.first_step_s = timing.elapsed(now=time.perf_counter())  # with torch.compile: the compile too
         step = self.steps_done
         if step % self.log_every and step != self.total_steps:
             if step == 1:  # restart the clock after the counted step, as run() does
@@ -209,6 +212,7 @@ class Monitor:
             data_wait_fraction=timing.data_wait_fraction() if timing else None, memory=memory, eval_loss=None,
             accuracy=None, device=self.device.type, warnings=self._warnings,
             wall_s=time.perf_counter() - self._wall_start, num_processes=self.num_processes,
+            first_step_s=self.first_step_s,
         )
 
 

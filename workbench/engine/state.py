@@ -47,6 +47,7 @@ class LoopState:
         self.run_id = uuid.uuid4().hex[:12]
         """Names this run's checkpoints: a resumed run takes the id it saved, and a run never
         saves into a folder that holds another run's steps."""
+        self.first_step_s: float | None = None
 
 
 class LossWindow:
@@ -150,6 +151,7 @@ def build_result(*, cfg: RunConfig, name: str, status: str, message: str, state:
         memory=memory, eval_loss=eval_loss, accuracy=accuracy, device=device.type,
         warnings=warnings, wall_s=wall_s, num_processes=num_processes,
         loss_scales=state.loss_scales, skipped_steps=state.skipped_steps, peak_flops=peak,
+        first_step_s=state.first_step_s,
     )
 
 

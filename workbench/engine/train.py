@@ -25,6 +25,7 @@ from workbench.core.trainable import apply_trainable
 from workbench.engine import resume
 from workbench.engine.accelerator import loss_scale, make_accelerator
 from workbench.engine.sharding import gathered, shard_model
+from workbench.engine.speedups import LoopPhases, compile_model, tf32_matmuls
 from workbench.engine.state import LoopState, LossWindow, build_result, evaluate
 from workbench.measure import oom
 from workbench.measure.counters import (
@@ -132,7 +133,7 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
         ('ok', True)
     """
     from workbench.core.data import build_dataloader, load_data
-    from workbench.core.models import build_model, set_activation_checkpointing
+    from workbench.core.models import build_model, set_activation_checkpointing, set_attention
     from workbench.measure.fit import check_fits
 
     if not isinstance(config, RunConfig):
@@ -152,7 +153,9 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
     state = LoopState()
     model = optimizer = None
     warnings: tuple[str, ...] = ()
-    peak, peak_source = hardware.peak_flops(device.type, cfg.precision)
+    # MFU against the peak the matmuls can reach: with TF32 allowed, fp32 matmuls run on tensor cores.
+    with tf32_matmuls(cfg.tf32):
+        peak, peak_source = hardware.peak_flops(device.type, cfg.precision)
     started: list[Sink] = []
     status, message, eval_loss, accuracy = "ok", "", None, None
 
@@ -174,6 +177,7 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
             # Every arm of a comparison starts from the same weights (seeded as they are drawn).
             model = build_model(cfg.model, data=bundle, dims=cfg.dims, seed=cfg.seed)
             set_activation_checkpointing(model, cfg.activation_checkpointing)  # technique: checkpointing
+            set_attention(model, cfg.attention)  # technique: fused attention ('sdpa': F.scaled_dot_product_attention)
             # technique: train fewer parameters. A frozen parameter (freeze=, freeze_layers=) gets no
             # gradient and no optimizer state; LoRA (lora_rank=) freezes them all and adds small adapters.
             model = apply_trainable(model, cfg)
@@ -184,7 +188,9 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
             sharded = cfg.sharding != "none"
             if sharded:  # technique: sharding. Each process keeps ~1/N of parameters, gradients, optimizer state
                 model = shard_model(model)
-            optimizer = make_optimizer(model, cfg)  # the trainable parameters only (the shards, when sharded)
+            # technique: fused / foreach optimizer (cfg.optimizer_impl). The trainable parameters only (the
+            # shards, when sharded).
+            optimizer = make_optimizer(model, cfg)
             loader = build_dataloader(
                 bundle.train, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed,
                 num_workers=cfg.num_workers, pin_memory=cfg.pin_memory,  # technique: input pipeline
@@ -200,6 +206,10 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
                 resume.restore(accelerator, checkpoint, state, loader)
             if cfg.save_state_dir:  # before step 1: room on the disk for every save
                 resume.check_room(accelerator, cfg, state, model)
+            # technique: torch.compile. The loop trains the compiled module (the first step compiles);
+            # evaluation, saving and the result use the plain one, which holds the same parameters, so
+            # evaluation's other batch size and no-grad mode compile nothing more.
+            trained = compile_model(model, cfg.compile)
             notes = [hardware.emulation_warning(device.type, cfg.precision), *(checkpoint.notes if checkpoint else [])]
             warnings = tuple(w for w in notes if w)  # a resume that cannot be exact says so here
             start = RunStart(
@@ -210,7 +220,8 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
             for sink in sinks:
                 started.append(sink)
                 sink.start(start)
-            _train(cfg, name, accelerator, model, optimizer, loader, meter, peak, sinks, state)
+            with tf32_matmuls(cfg.tf32):  # technique: TF32 (CUDA fp32 matmuls on tensor cores), training only
+                _train(cfg, name, accelerator, trained, optimizer, loader, meter, peak, sinks, state)
             if cfg.eval_samples:
                 with gathered(model) if sharded else nullcontext():  # sharded: whole weights, no collective per batch
                     eval_loss, accuracy = evaluate(accelerator, model, bundle.test, cfg)
@@ -282,8 +293,10 @@ def _train(cfg, name, accelerator, model, optimizer, loader, meter, peak, sinks,
     window = LossWindow(accelerator.device)  # this interval's losses, kept on the device: no sync per step
     window_start = state.step + 1  # the optimizer step of the window's first micro-batch
     probe_flops = 0
+    phases = LoopPhases()  # technique: profiler. Named ranges, only while a torch.profiler runs
 
     while state.step < cfg.steps:
+        phases.enter("data")
         fetch_start = time.perf_counter()
         batch = next(batches)
         timing.add(samples=len(batch["labels"]), tokens=batch["inputs"].numel() if text else None,
@@ -292,12 +305,15 @@ def _train(cfg, name, accelerator, model, optimizer, loader, meter, peak, sinks,
         # technique: gradient accumulation. Inside accumulate(), backward() divides the loss by
         # grad_accum_steps and optimizer.step() only acts (and DDP only all-reduces) on the last
         # micro-batch of each window.
+        phases.enter("forward")
         with accelerator.accumulate(model):
             with FlopCounter() if probe else nullcontext() as flops:
                 with SavedActivationCounter(model) if probe else nullcontext() as saved:
                     logits = model(batch["inputs"])  # technique: precision (autocast inside)
                     loss = loss_fn(logits, batch["labels"])
+                phases.enter("backward")
                 accelerator.backward(loss)  # fp16: scales the loss first (GradScaler)
+            phases.enter("optimizer")
             if accelerator.sync_gradients and cfg.max_grad_norm:
                 accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)  # fp16: unscales first
             optimizer.step()
@@ -308,6 +324,7 @@ def _train(cfg, name, accelerator, model, optimizer, loader, meter, peak, sinks,
                 # = optimizer.zero_grad(set_to_none=True) at the end of a window; accelerate's
                 # version inspects a signature on every call (110 us a step, measured).
                 model.zero_grad(set_to_none=True)
+        phases.enter("other")
         window.add(loss)
         if probe:
             probe_flops += flops.total
@@ -318,6 +335,7 @@ def _train(cfg, name, accelerator, model, optimizer, loader, meter, peak, sinks,
         state.step += 1
         if probe:
             state.flops_per_step = probe_flops
+            state.first_step_s = timing.elapsed(now=time.perf_counter())  # with compile: the compile too
             if cfg.memory_budget_bytes is not None:
                 # A simulated device memory (a CPU has none to run out of): the exact counts of this
                 # step against the budget; over it, the torch.OutOfMemoryError a GPU raises.
@@ -341,6 +359,7 @@ def _train(cfg, name, accelerator, model, optimizer, loader, meter, peak, sinks,
         state.loss_steps.append(state.step)
         interval = timing.close(now=time.perf_counter(), step=state.step, flops_per_step=state.flops_per_step,
                                 timed=not probe, text=text)  # the probe step is shown, not timed
+        phases.enter("log")
         if (scale := loss_scale(accelerator)) is not None:  # fp16: the GradScaler's scale now
             state.loss_scales.append(scale)
         record = _step_record(cfg, name, state, interval, meter, peak, optimizer, accelerator, scale, text)
@@ -349,6 +368,7 @@ def _train(cfg, name, accelerator, model, optimizer, loader, meter, peak, sinks,
         if cfg.save_state_dir and (state.step % (cfg.save_every or cfg.steps) == 0 or state.step == cfg.steps):
             resume.save(accelerator, cfg, state)  # technique: save and resume (at log steps: windows line up)
         timing.restart(now=time.perf_counter(), next_step=state.step + 1)  # the sinks' time is not a step's
+    phases.close()
 
 
 def _step_record(cfg, name, state, interval: Throughput, meter, peak, optimizer, accelerator, scale, text) -> StepRecord:

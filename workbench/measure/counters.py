@@ -249,11 +249,20 @@ class FlopCounter(TorchDispatchMode):
         super().__init__()
         from torch.utils.flop_counter import flop_registry
 
-        self._registry = flop_registry
+        self._registry = {**flop_registry, **_cpu_attention_flops()}
         self.total = 0
         self.ops: list[tuple[int, int, str]] | None = [] if record_ops else None
         """With record_ops: (FLOPs, bytes read and written, dtype) of every op run, in order
         (views move no bytes; the dtype is a 16-bit one if any operand has it, else 'fp32')."""
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # Under any other dispatch mode torch.compile declines to compile and the frame stays
+        # eager for good (measured: a compiled GPT's first step under this counter ran eager, and
+        # so did every step after). True: the mode steps aside while dynamo and inductor compile
+        # and sees the compiled code's calls at run time; the matmuls inductor leaves to aten
+        # (mm, addmm, bmm) are all it counts anyway, so a compiled step counts the eager FLOPs.
+        return True
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -285,6 +294,28 @@ def _op_traffic(func: Any, operands: Any) -> tuple[int, str]:
     return sum(t.numel() * t.element_size() for t in tensors), half
 
 
+def _cpu_attention_flops() -> dict[Any, Callable[..., int]]:
+    """FLOP formulas for the CPU's fused attention kernel, which torch's registry lacks (2.13
+    counts the CUDA kernels only, so a CPU scaled_dot_product_attention counted 0). The same
+    formulas as torch's for the CUDA kernels: QK^T and PV, forward; four such matmuls, backward;
+    the full s x s (causal masking is not discounted, as for the explicit matmuls)."""
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    aten = torch.ops.aten
+    if not hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
+        return {}
+
+    def forward(query: Any, key: Any, value: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
+        return sdpa_flop_count(query.shape, key.shape, value.shape)
+
+    def backward(grad_out: Any, query: Any, key: Any, value: Any, *args: Any, out_val: Any = None,
+                 **kwargs: Any) -> int:
+        return sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)
+
+    return {aten._scaled_dot_product_flash_attention_for_cpu: forward,
+            aten._scaled_dot_product_flash_attention_for_cpu_backward: backward}
+
+
 def count_flops(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
     """Run `fn(*args, **kwargs)` and return the FLOPs it ran (`FlopCounter`). Works on meta
     and fake tensors, so a model too big for this machine can be counted."""
@@ -313,6 +344,7 @@ def gpt_activation_bytes_formula(
     bytes_per_element: int = 4,
     *,
     vocab_size: int | None = None,
+    attention: str = "explicit",
 ) -> int:
     """Bytes autograd saves in one forward of `workbench.core.models.GPT` (no dropout).
 
@@ -353,9 +385,21 @@ def gpt_activation_bytes_formula(
     (sbh + 2sb elements) and the lm_head's input (sbh). The logits themselves are only
     saved once a loss is taken (log_softmax keeps sbV more), so they are not included.
     Without `vocab_size`, the L blocks only.
+
+    `attention="sdpa"` (F.scaled_dot_product_attention, the CPU's fused kernel): the as²b
+    softmax output is gone. The kernel keeps q, k and v as views of the one qkv output (3sbh,
+    where the explicit path kept Q and K copies and V: also 3sbh), its output (sbh, laid out
+    so that the output projection's input is the same storage: where the explicit path kept
+    that input, sbh) and the log-sum-exp of each softmax row, a·s·b values, always fp32
+    (4 bytes). Per layer: bytes_per_element · (16sbh + 4sb) + 4asb. Exact on CPU; CUDA's
+    kernels may keep a few bytes more (RNG state, padded log-sum-exp rows): measure them there.
     """
-    per_layer = 16 * s * b * h + a * s * s * b + 4 * s * b
-    total = L * per_layer * bytes_per_element
+    if attention not in ("explicit", "sdpa"):
+        raise ValueError(f"attention={attention!r}: use 'explicit' or 'sdpa'")
+    if attention == "sdpa":
+        total = L * ((16 * s * b * h + 4 * s * b) * bytes_per_element + 4 * a * s * b)
+    else:
+        total = L * (16 * s * b * h + a * s * s * b + 4 * s * b) * bytes_per_element
     if vocab_size is not None:
         total += 8 * s * b + (2 * s * b * h + 2 * s * b) * bytes_per_element
     return total

@@ -241,8 +241,8 @@ def estimate(config: RunConfig, *, vocab_size: int | None = None, device: str | 
     state = fakestep.model_state(cfg.model, spec_key, dims, cfg.optimizer, float(cfg.weight_decay),
                                  bool(cfg.max_grad_norm), device, trainable, shard)
     group, replayed, scaled = _groups(cfg)
-    if cfg.model == "gpt":
-        dims = _freeze({**cfg.dims, "n_layer": replayed})
+    if cfg.model == "gpt":  # the replayed layers, and how they compute attention (RunConfig.attention)
+        dims = _freeze({**cfg.dims, "n_layer": replayed, "attention": cfg.attention})
     micro_batches = 2 if cfg.grad_accum_steps > 1 else 1
     sim = fakestep.simulate(cfg.model, spec_key, dims, cfg.precision, cfg.activation_checkpointing,
                             batch=cfg.batch_size, micro_batches=micro_batches, device=device, group=group)

@@ -92,13 +92,16 @@ def _fake_mode():
 
 
 def build(model_name: str, spec_key: tuple, dims: tuple) -> nn.Module:
-    """The model on fake tensors (call inside `_fake_mode()`)."""
-    from workbench.core.models import build_model
+    """The model on fake tensors (call inside `_fake_mode()`). `dims` may carry the GPT's
+    `attention` ('explicit' or 'sdpa', RunConfig.attention) beside its sizes."""
+    from workbench.core.models import build_model, set_attention
 
     task, shape, classes, vocab = spec_key
     spec = SimpleNamespace(name="estimate", task=task, input_shape=shape, num_classes=classes,
                            vocab_size=vocab, pad_token_id=None)
-    return build_model(model_name, data=spec, dims=dict(dims))
+    sizes = dict(dims)
+    attention = sizes.pop("attention", "explicit")
+    return set_attention(build_model(model_name, data=spec, dims=sizes), attention)
 
 
 def _size(nbytes: int, device: str) -> int:

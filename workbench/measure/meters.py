@@ -87,6 +87,10 @@ class IntervalMeter:
         self.samples = self.tokens = 0
         self.wait_s = 0.0
 
+    def elapsed(self, *, now: float) -> float:
+        """Seconds since the current interval began (the first step's, before any restart)."""
+        return now - self._start
+
     def add(self, *, samples: int, tokens: int | None, wait_s: float) -> None:
         """One micro-batch: its samples (and tokens, for text), and the wait for it."""
         self.samples += samples

@@ -104,6 +104,9 @@ class RunResult:
     """fp16: optimizer steps the GradScaler skipped (inf/NaN gradients); counted every step."""
     peak_flops: float | None = None
     """The peak FLOP/s MFU is measured against (one process); None with the reason in peak_flops_source."""
+    first_step_s: float | None = None
+    """Seconds of the first optimizer step (wait for data included), which the timings leave out:
+    exact counters, one-off warm-up and, with torch.compile, the compile. None for a resumed run."""
 
     @property
     def final_loss(self) -> float | None:

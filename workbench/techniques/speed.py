@@ -10,7 +10,8 @@ of figure that is (`label`), because the two are not the same kind:
   again (a matmul over few rows is bound by memory, not FLOPs), and the elementwise ops,
   which do no matmul FLOPs, still move their bytes. fp32 matmuls run on TF32 tensor cores
   only where torch allows it (`torch.set_float32_matmul_precision("high")`; off by default,
-  and the loop does not turn it on): on an A100 that is 156 against 19.5 TFLOP/s.
+  and the loop turns it on only with `RunConfig(tf32=True)`): on an A100 that is 156 against
+  19.5 TFLOP/s.
 - `MeasuredHere` (this machine): **measured**. One micro-batch's forward and backward is
   timed here at each micro-batch size, precision and checkpointing setting (the faster of
   two after a warm-up), times the accumulation steps, plus the optimizer step timed here.
