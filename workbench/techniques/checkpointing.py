@@ -210,7 +210,8 @@ def _sync(device: torch.device) -> None:
 
 
 def checkpointing_dial(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
-                       settings: Mapping[str, Setting], *, rounds: int = 7, seed: int = 0) -> Dial:
+                       settings: Mapping[str, Setting], *, rounds: int = 7, seed: int = 0,
+                       max_seconds: float | None = None) -> Dial:
     """Measure each checkpointing setting on the same model and batch, in one call.
 
     `settings` maps a name to anything `set_activation_checkpointing` takes ("none",
@@ -219,6 +220,8 @@ def checkpointing_dial(model: nn.Module, inputs: torch.Tensor, labels: torch.Ten
     counted step (saved bytes around forward + loss, FLOPs around forward + backward),
     one step under the peak tracker, then `rounds` timed rounds interleaved across the
     settings after one warm-up round. The model is left with checkpointing off.
+    `max_seconds`: a time budget for the timed rounds; past it no new round starts (at least
+    3 run), so a larger preset measures fewer rounds instead of taking minutes.
     """
     if not settings:
         raise ValueError("settings is empty; pass e.g. {'none': 'none', 'all': 'all'}")
@@ -251,8 +254,11 @@ def checkpointing_dial(model: nn.Module, inputs: torch.Tensor, labels: torch.Ten
         model.zero_grad(set_to_none=True)  # each step starts from the same state: no grads
         peaks[n] = step_peak(lambda forward=forward: step(forward), track=[model], device=device)
     times: dict[str, list[float]] = {n: [] for n in names}
+    timed_from = time.perf_counter()
     with core_share() as share:
         for r in range(rounds + 1):
+            if r > 3 and max_seconds is not None and time.perf_counter() - timed_from > max_seconds:
+                break
             for n in names:
                 forward = _forward_for(model, settings[n])
                 _sync(device)
@@ -268,4 +274,4 @@ def checkpointing_dial(model: nn.Module, inputs: torch.Tensor, labels: torch.Ten
                         step_time_s=statistics.median(times[n]), peak_bytes=peaks[n].bytes,
                         peak_kind=peaks[n].kind, grad_difference=max_relative_difference(exact[n][2], reference))
               for n in names]
-    return Dial(points, rounds=rounds, core=share, device=device.type)
+    return Dial(points, rounds=len(times[names[0]]), core=share, device=device.type)
