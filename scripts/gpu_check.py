@@ -14,11 +14,12 @@ OUT/notebooks unless --tar-only). Figures only a GPU can give are null, with the
 CPU dry run.
 
 Sizing: the whole check must fit 8 minutes on one H200 (fp32 without TF32 ~67 TFLOP/s, bf16
-~790). A gpu-preset GPT step (12 layers, d=768, 32 x 512 tokens) is ~10 TFLOP: ~0.3 s in fp32,
-so the preset's 300 steps would take 90 s a run and notebooks 02 and 03 train 3 and 2 such runs.
-The check therefore caps steps at 50 (WORKBENCH_MAX_STEPS; the shapes stay the gpu preset's):
-enough for the timing, memory and MFU claims, which need a few timed steps, not a trained
-model. The gpu preset itself keeps 300 steps for a learner's clearer loss curves.
+~790). A gpu-preset GPT step (12 layers, d=768, 32 x 512 tokens) is ~10 TFLOP: ~0.2-0.3 s in
+fp32, so the preset's 300 steps would take 60-90 s a run, and notebooks 01, 02, 03 and 07 train
+2-3 such runs each (11 in all); each notebook's fresh process also pays ~10-15 s of imports and
+CUDA start-up. The check therefore caps steps at 30 (WORKBENCH_MAX_STEPS; the shapes stay the gpu
+preset's): ~330 s of work estimated, within a 450 s budget. The timing, memory and MFU claims need
+a few timed steps, not a trained model; the gpu preset itself keeps 300 steps for a learner.
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ from typing import Any
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 # Seconds each notebook may take at most (the whole check also keeps to --budget-s).
-TIMEOUT_S = {"00_tour": 60, "01_mixed_precision": 120, "02_gradient_accumulation": 90,
-             "03_activation_checkpointing": 120, "04_input_pipelines": 90, "05_quantization": 90,
-             "06_multi_gpu": 120, "07_planner": 120}
+TIMEOUT_S = {"00_tour": 45, "01_mixed_precision": 90, "02_gradient_accumulation": 75,
+             "03_activation_checkpointing": 120, "04_input_pipelines": 90, "05_quantization": 75,
+             "06_multi_gpu": 90, "07_planner": 120}
 NO_GPU = "no CUDA device here (a dry run): a GPU-only figure"
 
 
@@ -179,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "docs" / "gpu-reference")
     parser.add_argument("--preset", default="gpu", choices=("gpu", "cpu", "cpu-quick"),
                         help="gpu on a GPU; cpu-quick for a CPU dry run of the same code path")
-    parser.add_argument("--max-steps", type=int, default=50, help="WORKBENCH_MAX_STEPS for every run (0: no cap)")
+    parser.add_argument("--max-steps", type=int, default=30, help="WORKBENCH_MAX_STEPS for every run (0: no cap)")
     parser.add_argument("--budget-s", type=float, default=450, help="stop starting notebooks after this many seconds")
     parser.add_argument("--notebooks", nargs="*", default=NOTEBOOKS)
     parser.add_argument("--tar-only", action="store_true", help="executed notebooks only inside notebooks.tar.gz")
