@@ -1,7 +1,9 @@
 """accelerate's `notebook_launcher`, as notebook 06 shows it, with what a busy machine needs.
 
-`notebook_launcher(fn, args, num_processes)` forks the notebook's process and returns nothing;
-`notebook_launch(fn, *args)` collects each process's return value and bounds a hang. The hang
+`notebook_launcher(fn, args, num_processes)` forks the notebook's process and returns nothing, and
+refuses to start once any cell made an Accelerator (wb.run does); `notebook_launch(fn, *args)`
+collects each process's return value, forgets this process's accelerate state first (it needs
+none: the children make their own), and bounds a hang. The hang
 is real: on the 2-core CI machine under load, a forked child sat for 14 minutes in glibc's
 resolver lock (`getnameinfo`, reached from torch's TCPStore connect), which another thread of
 the parent held at the instant of the fork. A fork copies the lock, never its release. So after
@@ -53,7 +55,10 @@ def notebook_launch(fn: Callable[..., Any], *args: Any, num_processes: int = 2, 
     `timeout_s` has its processes stopped and is tried again, up to `retries` more times."""
     from accelerate import notebook_launcher
 
+    from workbench.engine.accelerator import reset_accelerate_state
     from workbench.engine.launch import free_port
+
+    reset_accelerate_state(keep_process_group=False)
 
     for attempt in range(retries + 1):
         queue = multiprocessing.get_context("fork").SimpleQueue()
