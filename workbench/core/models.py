@@ -27,7 +27,7 @@ from torch.utils.checkpoint import checkpoint
 from workbench.core.saved import note_saved
 
 __all__ = ["MODELS", "MODEL_SPECS", "ModelSpec", "loss_fn", "MLP", "SmallCNN", "GPT", "PretrainedClassifier", "build_model",
-           "set_activation_checkpointing", "parameter_count", "unavailable_reason"]
+           "set_activation_checkpointing", "parameter_count"]
 
 @dataclass(frozen=True)
 class ModelSpec:
