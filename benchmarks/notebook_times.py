@@ -13,6 +13,7 @@ one core busy with another process throughout, as a shared machine would.
     python benchmarks/notebook_times.py --preset cpu --isa avx2 --out benchmarks/results/cpu-avx2.json
     python benchmarks/notebook_times.py --preset cpu --isa avx2 --compare benchmarks/results/cpu-avx2.json
     python benchmarks/notebook_times.py --preset cpu-quick --isa avx2 --hog
+    python benchmarks/notebook_times.py --table benchmarks/results/cpu-quick-avx2.json benchmarks/results/cpu-avx2.json
 """
 
 from __future__ import annotations
@@ -115,6 +116,28 @@ def machine() -> dict:
             "avx512_vnni": "avx512_vnni" in flags, "amx": any(f.startswith("amx") for f in flags)}
 
 
+def table(paths: list[pathlib.Path]) -> str:
+    """Records side by side: wall seconds (kernel CPU seconds) per notebook, one column each."""
+    records = [json.loads(p.read_text()) for p in paths]
+    names = sorted({n for r in records for n in r["notebooks"]})
+    heads = [f"{r['preset']}{', ' + r['isa'] if r['isa'] != 'native' else ''}{', hog' if r.get('hog') else ''}"
+             for r in records]
+
+    def cell(r: dict, name: str) -> str:
+        nb = r["notebooks"].get(name)
+        if nb is None:
+            return "-"
+        cpu = f" ({nb['cpu_seconds']:.0f})" if nb.get("cpu_seconds") is not None else ""
+        return f"{nb['seconds']:.0f}{cpu}" + ("" if nb["status"] == "ok" else f" {nb['status']}")
+
+    lines = ["| notebook | " + " | ".join(heads) + " |", "|---|" + "---|" * len(records)]
+    lines += [f"| `{n}` | " + " | ".join(cell(r, n) for r in records) + " |" for n in names]
+    totals = [f"{r['total_seconds']:.0f}" + (f" ({sum(nb.get('cpu_seconds') or 0 for nb in r['notebooks'].values()):.0f})")
+              for r in records]
+    lines.append("| total | " + " | ".join(totals) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="cpu-quick", choices=("cpu-quick", "cpu", "gpu"))
@@ -126,7 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save-executed", type=pathlib.Path, help="save the executed notebooks in this folder")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="extra environment for the kernels")
     parser.add_argument("--hog", action="store_true", help="keep one core busy with another process throughout")
+    parser.add_argument("--table", nargs="+", type=pathlib.Path, help="print records as a Markdown table, then exit")
     args = parser.parse_args(argv)
+    if args.table:
+        print(table(args.table))
+        return 0
     if args.hog:
         sys.path.insert(0, str(ROOT))
         from workbench.measure.contention import busy_core
