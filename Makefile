@@ -1,7 +1,7 @@
 # The two commands of the README. Both install what is missing first (scripts/setup.sh).
 PY := $(if $(VIRTUAL_ENV)$(CONDA_PREFIX),python,.venv/bin/python)
 
-.PHONY: lab test setup browser benchmark preflight learner-copies
+.PHONY: lab test test-presets setup browser benchmark gpu-check preflight learner-copies
 
 setup:
 	@bash scripts/setup.sh lab,test,quantization
@@ -32,3 +32,19 @@ preflight: setup
 # The learners' copies (no outputs, no `solution` cells) in learners/: what a teacher hands out.
 learner-copies:
 	python3 scripts/learner_copies.py
+
+# CI's second pass: every notebook with the `cpu` preset's shapes and the gpu preset's where a
+# CPU can run them (the GPT notebooks' gpu shapes need a GPU: `make gpu-check`), steps and
+# evaluation capped (the shapes are not), one core kept busy by another process. A notebook that
+# hard-codes one preset's shapes, or a timing claim that needs a quiet machine, fails here.
+GPU_SHAPES_ON_CPU := 00_tour 04_input_pipelines 05_quantization 06_multi_gpu
+test-presets: setup
+	$(PY) benchmarks/notebook_times.py --preset cpu --hog --timeout 600 \
+	  --env WORKBENCH_MAX_STEPS=10 --env WORKBENCH_MAX_EVAL_SAMPLES=200 --out test-artifacts/presets-cpu.json
+	$(PY) benchmarks/notebook_times.py --preset gpu --hog --timeout 600 --notebooks $(GPU_SHAPES_ON_CPU) \
+	  --env WORKBENCH_MAX_STEPS=3 --env WORKBENCH_MAX_EVAL_SAMPLES=64 --out test-artifacts/presets-gpu.json
+
+# Every notebook under the gpu preset on this machine's GPU, executed copies and a summary of the
+# GPU claims in docs/gpu-reference/ (scripts/gpu_check.py; about 6 minutes on one H200).
+gpu-check: setup
+	$(PY) scripts/gpu_check.py --out docs/gpu-reference

@@ -5,13 +5,15 @@ does, and records the wall time of each notebook and of each cell. The times are
 record, not a test: a regression shows as a larger figure beside the previous run's
 (`--compare` prints the two side by side). Each notebook runs in its own kernel with
 the environment `make test` uses (one BLAS thread, offline hubs); `--isa avx2` caps
-oneDNN and ATen at AVX2, which is what a CPU without AVX-512 (no VNNI, no AVX512-BF16)
-runs.
+oneDNN, ATen and FBGEMM (torch's int8 kernels, which honour only their own switch) at
+AVX2, which is what a CPU without AVX-512 (no VNNI, no AVX512-BF16) runs. `--hog` keeps
+one core busy with another process throughout, as a shared machine would.
 
-    python benchmarks/notebook_times.py --preset cpu-quick
+    python benchmarks/notebook_times.py --preset cpu-quick --isa avx2 --out benchmarks/results/cpu-quick-avx2.json
     python benchmarks/notebook_times.py --preset cpu --isa avx2 --out benchmarks/results/cpu-avx2.json
     python benchmarks/notebook_times.py --preset cpu --isa avx2 --compare benchmarks/results/cpu-avx2.json
-    python benchmarks/notebook_times.py --preset gpu --save-executed docs/gpu-reference/notebooks
+    python benchmarks/notebook_times.py --preset cpu-quick --isa avx2 --hog
+    python benchmarks/notebook_times.py --table benchmarks/results/cpu-quick-avx2.json benchmarks/results/cpu-avx2.json
 """
 
 from __future__ import annotations
@@ -26,7 +28,10 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-ISA_ENV = {"native": {}, "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}}
+# FBGEMM ignores the first two: capped by them alone, torch.ao's int8 Linear still ran 5.3x
+# fp32 here (VNNI); with FBGEMM_ENABLE_INSTRUCTIONS=AVX2 as well, 2.3x.
+ISA_ENV = {"native": {}, "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2",
+                                  "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"}}
 
 
 def _cell_seconds(cell: dict) -> float | None:
@@ -36,6 +41,24 @@ def _cell_seconds(cell: dict) -> float | None:
         return None
     parse = lambda s: dt.datetime.fromisoformat(s.replace("Z", "+00:00"))  # noqa: E731
     return (parse(end) - parse(start)).total_seconds()
+
+
+# Appended to each notebook while it runs (and removed before it is saved): the CPU seconds the
+# kernel and its finished children (DataLoader workers, launched processes) used. On a machine
+# shared with other work the wall time grows with the load; the CPU seconds hardly do, so the
+# record keeps both, and the load average around each notebook.
+_CPU_CELL = """import json as _j, resource as _r
+_s, _c = _r.getrusage(_r.RUSAGE_SELF), _r.getrusage(_r.RUSAGE_CHILDREN)
+print("__cpu_seconds__" + _j.dumps([_s.ru_utime + _s.ru_stime, _c.ru_utime + _c.ru_stime]))"""
+
+
+def _cpu_seconds(cell: dict) -> tuple[float | None, float | None]:
+    for output in cell.get("outputs", []):
+        for line in output.get("text", "").splitlines():
+            if line.startswith("__cpu_seconds__"):
+                own, children = json.loads(line.removeprefix("__cpu_seconds__"))
+                return round(own, 1), round(children, 1)
+    return None, None
 
 
 def run_notebook(path: pathlib.Path, *, timeout_s: int, save_to: pathlib.Path | None) -> dict:
@@ -49,6 +72,8 @@ def run_notebook(path: pathlib.Path, *, timeout_s: int, save_to: pathlib.Path | 
     )
 
     nb = nbformat.read(path, as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(_CPU_CELL))
+    load_before = os.getloadavg()[0]
     client = NotebookClient(nb, timeout=timeout_s, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}},
                             store_widget_state=True)
     began = time.perf_counter()
@@ -60,13 +85,17 @@ def run_notebook(path: pathlib.Path, *, timeout_s: int, save_to: pathlib.Path | 
     except (CellTimeoutError, DeadKernelError) as exc:
         status, error = "timeout" if isinstance(exc, CellTimeoutError) else "dead kernel", str(exc)[:400]
     seconds = time.perf_counter() - began
+    cpu_s, children_cpu_s = _cpu_seconds(nb.cells.pop())
     if save_to is not None:
         save_to.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, save_to / path.name)
     cells = [(i, _cell_seconds(c)) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
     slowest = sorted(((s, i) for i, s in cells if s is not None), reverse=True)[:5]
-    return {"seconds": round(seconds, 1), "status": status, "error": error,
-            "slowest_cells": [{"cell": i, "seconds": round(s, 1)} for s, i in slowest]}
+    return {"seconds": round(seconds, 1), "status": status, "error": error, "cpu_seconds": cpu_s,
+            "children_cpu_seconds": children_cpu_s,
+            "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+            "slowest_cells": [{"cell": i, "seconds": round(s, 1)} for s, i in slowest],
+            "cells": {str(i): round(s, 1) for i, s in cells if s is not None}}
 
 
 def machine() -> dict:
@@ -87,6 +116,28 @@ def machine() -> dict:
             "avx512_vnni": "avx512_vnni" in flags, "amx": any(f.startswith("amx") for f in flags)}
 
 
+def table(paths: list[pathlib.Path]) -> str:
+    """Records side by side: wall seconds (kernel CPU seconds) per notebook, one column each."""
+    records = [json.loads(p.read_text()) for p in paths]
+    names = sorted({n for r in records for n in r["notebooks"]})
+    heads = [f"{r['preset']}{', ' + r['isa'] if r['isa'] != 'native' else ''}{', hog' if r.get('hog') else ''}"
+             for r in records]
+
+    def cell(r: dict, name: str) -> str:
+        nb = r["notebooks"].get(name)
+        if nb is None:
+            return "-"
+        cpu = f" ({nb['cpu_seconds']:.0f})" if nb.get("cpu_seconds") is not None else ""
+        return f"{nb['seconds']:.0f}{cpu}" + ("" if nb["status"] == "ok" else f" {nb['status']}")
+
+    lines = ["| notebook | " + " | ".join(heads) + " |", "|---|" + "---|" * len(records)]
+    lines += [f"| `{n}` | " + " | ".join(cell(r, n) for r in records) + " |" for n in names]
+    totals = [f"{r['total_seconds']:.0f}" + (f" ({sum(nb.get('cpu_seconds') or 0 for nb in r['notebooks'].values()):.0f})")
+              for r in records]
+    lines.append("| total | " + " | ".join(totals) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="cpu-quick", choices=("cpu-quick", "cpu", "gpu"))
@@ -97,8 +148,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare", type=pathlib.Path, help="a previous record to print beside this one")
     parser.add_argument("--save-executed", type=pathlib.Path, help="save the executed notebooks in this folder")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="extra environment for the kernels")
+    parser.add_argument("--hog", action="store_true", help="keep one core busy with another process throughout")
+    parser.add_argument("--table", nargs="+", type=pathlib.Path, help="print records as a Markdown table, then exit")
     args = parser.parse_args(argv)
+    if args.table:
+        print(table(args.table))
+        return 0
+    if args.hog:
+        sys.path.insert(0, str(ROOT))
+        from workbench.measure.contention import busy_core
 
+        with busy_core():
+            return _run(args)
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     env = {"WORKBENCH_PRESET": args.preset, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
            "OPENBLAS_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", **ISA_ENV[args.isa]}
@@ -106,9 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update(env)  # the kernels nbclient starts inherit this environment
 
     names = args.notebooks or [p.name for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))]
-    paths = [pathlib.Path(n) if pathlib.Path(n).exists() else ROOT / "notebooks" / pathlib.Path(n).name for n in names]
+    paths = [pathlib.Path(n) if pathlib.Path(n).exists() else
+             ROOT / "notebooks" / pathlib.Path(n).with_suffix(".ipynb").name for n in names]
     previous = json.loads(args.compare.read_text())["notebooks"] if args.compare else {}
-    record = {"preset": args.preset, "isa": args.isa, "machine": machine(), "env": env,
+    record = {"preset": args.preset, "isa": args.isa, "hog": args.hog, "machine": machine(), "env": env,
               "date": dt.date.today().isoformat(), "notebooks": {}}
     for path in paths:
         result = run_notebook(path, timeout_s=args.timeout, save_to=args.save_executed)
@@ -116,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         before = previous.get(path.stem, {}).get("seconds")
         note = f" (before: {before:.0f} s)" if before else ""
         tail = "" if result["status"] == "ok" else f"  {result['status']}: {result['error']}"
-        print(f"{path.stem:<28} {result['seconds']:7.1f} s{note}{tail}", flush=True)
+        cpu = f" (CPU {result['cpu_seconds']} s + children {result['children_cpu_seconds']} s; load {result['load_average']})"
+        print(f"{path.stem:<28} {result['seconds']:7.1f} s{note}{cpu}{tail}", flush=True)
     total = sum(r["seconds"] for r in record["notebooks"].values())
     record["total_seconds"] = round(total, 1)
     print(f"{'total':<28} {total:7.1f} s")

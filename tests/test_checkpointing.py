@@ -72,6 +72,13 @@ def test_the_dial_measures_bytes_flops_time_and_peak_with_equal_gradients(probe)
     assert "saved activations" in dial._repr_html_() and "seq2" in str(dial)
 
 
+def test_a_time_budget_stops_the_dial_after_three_rounds_and_the_caption_says_how_many(probe):
+    dial = checkpointing_dial(probe.new_model(), probe.inputs, probe.labels, {"none": "none", "all": "all"},
+                              rounds=50, max_seconds=0.0)
+    assert dial.rounds == 3 and "medians of 3 interleaved rounds" in dial.caption()
+    assert dial.core is not None and dial.core.wall_s > 0 and dial.device == "cpu"
+
+
 def test_the_dial_rejects_empty_settings_bad_rounds_and_unknown_names(probe):
     model = probe.new_model()
     with pytest.raises(ValueError, match="settings is empty"):

@@ -136,3 +136,39 @@ def test_a_onednn_cap_below_avx512_makes_bf16_emulated(monkeypatch):
     finally:
         monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
         hardware.cpu_flags.cache_clear()
+
+
+@pytest.mark.parametrize("cap,expected", [(None, "avx512_vnni"), ("AVX2", "avx2"), ("AVX512", "avx512"),
+                                          ("AVX512_E1", "avx512_vnni"), ("avx512_256", "avx512")])
+def test_int8_kernels_follow_the_cpu_and_fbgemms_own_switch(monkeypatch, cap, expected):
+    # FBGEMM ignores ONEDNN_MAX_CPU_ISA; FBGEMM_ENABLE_INSTRUCTIONS is what caps torch.ao's int8 kernels.
+    monkeypatch.setattr(hardware, "_proc_cpu_flags", lambda: frozenset(
+        {"avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni"}))
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    if cap is None:
+        monkeypatch.delenv("FBGEMM_ENABLE_INSTRUCTIONS", raising=False)
+    else:
+        monkeypatch.setenv("FBGEMM_ENABLE_INSTRUCTIONS", cap)
+    hardware.int8_kernels.cache_clear()
+    try:
+        assert hardware.int8_kernels() == expected
+        assert hardware.int8_speedup_expected("cpu") == (expected == "avx512_vnni")
+        assert not hardware.int8_speedup_expected("cuda")
+    finally:
+        hardware.int8_kernels.cache_clear()
+
+
+def test_an_avx2_only_cpu_has_no_vnni_whatever_the_switch_asks(monkeypatch):
+    monkeypatch.setattr(hardware, "_proc_cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    monkeypatch.setenv("FBGEMM_ENABLE_INSTRUCTIONS", "AVX512_E1")
+    hardware.int8_kernels.cache_clear()
+    try:
+        assert hardware.int8_kernels() == "avx2" and not hardware.int8_speedup_expected("cpu")
+    finally:
+        hardware.int8_kernels.cache_clear()
+
+
+def test_report_names_the_int8_kernels_on_cpu():
+    report = hardware.hardware_report("cpu")
+    assert report.int8_kernels in ("avx512_vnni", "avx512", "avx2", "none")
+    assert any(label.startswith("int8") for label, _ in report.rows())

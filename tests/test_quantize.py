@@ -2,6 +2,7 @@
 
 import logging
 import statistics
+import time
 
 import pytest
 import torch
@@ -213,3 +214,24 @@ def test_torchao_dynamic_int8_runs_and_is_measured_on_a_gpu():
     int8 = measure(wq.dynamic_int8(gpu), data, name="int8", baseline=base, batch_size=32, repeats=2)
     assert (base.device, int8.device) == ("cuda", "cuda") and int8.agreement >= 0.85
     assert int8.linear_weight_bytes == (64 * 64 + 64 * 16) + (64 + 16) * (4 + 1)
+
+
+class _Slow(nn.Module):
+    """Wraps a model and sleeps per call: a variant far slower than its baseline."""
+
+    def __init__(self, inner: nn.Module, seconds: float) -> None:
+        super().__init__()
+        self.inner, self.seconds = inner, seconds
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.seconds)
+        return self.inner(x)
+
+
+def test_a_time_budget_scores_a_slow_variant_on_the_examples_it_reached(model, data):
+    base = measure(model, data, name="fp32", batch_size=16, repeats=2)
+    slow = measure(_Slow(model, 0.05), data, name="slow", baseline=base, batch_size=16, repeats=5, max_seconds=0.12)
+    assert 16 <= slow.samples < len(data.labels) and slow.samples % 16 == 0
+    assert f"{slow.samples} of {len(data.labels)} examples (time budget)" in slow.note
+    assert slow.agreement == 1.0 and slow.accuracy_change(base) == 0.0  # same model, same examples
+    assert 1 <= len(slow.latency_times_s) < 5  # the budget also stops the extra timed repeats

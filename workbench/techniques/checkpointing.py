@@ -32,6 +32,7 @@ from torch.utils.checkpoint import checkpoint_sequential
 from workbench.core.models import GPT, loss_fn, set_activation_checkpointing
 from workbench.core.report import Results, format_bytes
 from workbench.core.saved import note_saved
+from workbench.measure.contention import CoreShare, core_share
 from workbench.measure.counters import SavedActivationCounter
 from workbench.measure.probe import gradients, max_relative_difference, step_peak
 
@@ -139,9 +140,19 @@ class Dial(Results):
     header = ["setting", "recomputed", "saved activations", "x none", "GFLOPs / step", "extra FLOPs",
               "ms / step", "x none", "peak", "grad difference"]
 
-    def __init__(self, points: Sequence[DialPoint], *, rounds: int) -> None:
+    def __init__(self, points: Sequence[DialPoint], *, rounds: int, core: CoreShare | None = None,
+                 device: str = "cpu") -> None:
         super().__init__(points)
         self.rounds = rounds
+        self.core = core
+        """The share of a core this process got during the timed rounds (the free-core guard)."""
+        self.device = device
+
+    @property
+    def timing_is_clean(self) -> bool:
+        """Whether the times may be asserted on: measured on a GPU, or on a CPU core this
+        process had to itself (see measure.contention)."""
+        return self.device != "cpu" or self.core is None or self.core.free
 
     @property
     def points(self) -> list[DialPoint]:
@@ -199,7 +210,8 @@ def _sync(device: torch.device) -> None:
 
 
 def checkpointing_dial(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
-                       settings: Mapping[str, Setting], *, rounds: int = 7, seed: int = 0) -> Dial:
+                       settings: Mapping[str, Setting], *, rounds: int = 7, seed: int = 0,
+                       max_seconds: float | None = None) -> Dial:
     """Measure each checkpointing setting on the same model and batch, in one call.
 
     `settings` maps a name to anything `set_activation_checkpointing` takes ("none",
@@ -208,6 +220,8 @@ def checkpointing_dial(model: nn.Module, inputs: torch.Tensor, labels: torch.Ten
     counted step (saved bytes around forward + loss, FLOPs around forward + backward),
     one step under the peak tracker, then `rounds` timed rounds interleaved across the
     settings after one warm-up round. The model is left with checkpointing off.
+    `max_seconds`: a time budget for the timed rounds; past it no new round starts (at least
+    3 run), so a larger preset measures fewer rounds instead of taking minutes.
     """
     if not settings:
         raise ValueError("settings is empty; pass e.g. {'none': 'none', 'all': 'all'}")
@@ -240,15 +254,19 @@ def checkpointing_dial(model: nn.Module, inputs: torch.Tensor, labels: torch.Ten
         model.zero_grad(set_to_none=True)  # each step starts from the same state: no grads
         peaks[n] = step_peak(lambda forward=forward: step(forward), track=[model], device=device)
     times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(rounds + 1):
-        for n in names:
-            forward = _forward_for(model, settings[n])
-            _sync(device)
-            start = time.perf_counter()
-            step(forward)
-            _sync(device)
-            if r:  # round 0 warms up allocator and kernels for every setting alike
-                times[n].append(time.perf_counter() - start)
+    timed_from = time.perf_counter()
+    with core_share() as share:
+        for r in range(rounds + 1):
+            if r > 3 and max_seconds is not None and time.perf_counter() - timed_from > max_seconds:
+                break
+            for n in names:
+                forward = _forward_for(model, settings[n])
+                _sync(device)
+                start = time.perf_counter()
+                step(forward)
+                _sync(device)
+                if r:  # round 0 warms up allocator and kernels for every setting alike
+                    times[n].append(time.perf_counter() - start)
     set_activation_checkpointing(model, "none")
     model.zero_grad(set_to_none=True)
     reference = exact[names[0]][2]
@@ -256,4 +274,4 @@ def checkpointing_dial(model: nn.Module, inputs: torch.Tensor, labels: torch.Ten
                         step_time_s=statistics.median(times[n]), peak_bytes=peaks[n].bytes,
                         peak_kind=peaks[n].kind, grad_difference=max_relative_difference(exact[n][2], reference))
               for n in names]
-    return Dial(points, rounds=rounds)
+    return Dial(points, rounds=len(times[names[0]]), core=share, device=device.type)

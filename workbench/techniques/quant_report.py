@@ -53,6 +53,15 @@ class QuantResult:
     device: str
     note: str = ""
     predictions: torch.Tensor | None = field(default=None, repr=False, compare=False)
+    correct: torch.Tensor | None = field(default=None, repr=False, compare=False)
+    """Per example evaluated: whether the prediction was right (to compare on the same examples)."""
+
+    def accuracy_change(self, baseline: QuantResult) -> float:
+        """This accuracy minus the baseline's on the same examples (this may have seen fewer:
+        a time budget stops a slow variant early, on a prefix of the baseline's examples)."""
+        if baseline.correct is None or len(baseline.correct) < self.samples:
+            return self.accuracy - baseline.accuracy
+        return self.accuracy - baseline.correct[: self.samples].float().mean().item()
 
 
 def _tensor_bytes(t: torch.Tensor) -> int:
@@ -143,14 +152,17 @@ def _sync(device: torch.device) -> None:
 @torch.no_grad()
 def measure(model: nn.Module, data: Any, *, name: str, baseline: QuantResult | None = None,
             batch_size: int = 64, repeats: int = 10, warmup: int = 1, threads: int | None = None,
-            note: str = "") -> QuantResult:
+            note: str = "", max_seconds: float | None = None) -> QuantResult:
     """Size, latency per batch and accuracy of `model` on `data` (a dataset with .inputs and
     .labels, e.g. `wb.load_data(...).test`), on the device the model is on.
 
     The evaluation's full batches double as latency samples (the first `warmup` untimed);
     when they give fewer than `repeats` timings, the first batch is run again until they do.
     `threads`: torch CPU threads while measuring (default: the current setting); keep it the
-    same for every variant compared.
+    same for every variant compared. `max_seconds`: a time budget for a variant that may be
+    very slow here (torchao's int8 ran 0.02x fp32 on one AVX2-only CPU): past it, evaluation
+    stops after the current batch, accuracy counts the examples seen (`samples`, named in the
+    note) and comparisons with the baseline use the same examples.
     """
     if not (hasattr(data, "inputs") and hasattr(data, "labels")):
         raise TypeError(f"data must have .inputs and .labels (e.g. wb.load_data(...).test), got {type(data).__name__}")
@@ -165,6 +177,10 @@ def measure(model: nn.Module, data: Any, *, name: str, baseline: QuantResult | N
         inputs, labels = data.inputs, data.labels
         batch_size = min(batch_size, len(labels))
         predictions, times = [], []
+        began = time.perf_counter()
+
+        def over_budget() -> bool:
+            return max_seconds is not None and time.perf_counter() - began > max_seconds
 
         def timed(batch: torch.Tensor) -> torch.Tensor:
             _sync(device)
@@ -175,33 +191,41 @@ def measure(model: nn.Module, data: Any, *, name: str, baseline: QuantResult | N
             return logits
 
         for i in range(0, len(labels), batch_size):
+            if i and over_budget() and len(times) > warmup:
+                break
             batch = inputs[i:i + batch_size].to(device)
             # Only full batches are timed: a short last batch would pull the median down.
             logits = timed(batch) if len(batch) == batch_size else model(batch)
             predictions.append(logits.argmax(-1).cpu())
         predictions = torch.cat(predictions)
+        labels = labels[: len(predictions)]
         # The first calls pick kernels, fill caches and, for some paths, quantize lazily.
         first = inputs[:batch_size].to(device)
         for _ in range(warmup - len(times)):  # too few full batches to warm up on
             model(first)
         times = times[warmup:]
-        while len(times) < repeats:
+        while len(times) < repeats and not (times and over_budget()):
             timed(first)
         used_threads = torch.get_num_threads()
     finally:
         torch.set_num_threads(previous_threads)
+    seen, total = len(predictions), len(data.labels)
     agreement = None
     if baseline is not None and baseline.predictions is not None:
-        if len(baseline.predictions) != len(predictions):
+        # A variant stopped by its time budget saw a prefix of the examples; otherwise all of them.
+        if len(baseline.predictions) < seen or (seen == total and len(baseline.predictions) != seen):
             raise ValueError(f"baseline {baseline.name!r} was measured on {len(baseline.predictions)} examples, "
-                             f"this on {len(predictions)}; measure both on the same data")
-        agreement = (baseline.predictions == predictions).float().mean().item()
+                             f"this on {seen}; measure both on the same data")
+        agreement = (baseline.predictions[:seen] == predictions).float().mean().item()
+    if seen < total:
+        budget_note = f"{seen} of {total} examples (time budget)"
+        note = f"{note}; {budget_note}" if note else budget_note
     return QuantResult(
         name=name, size_bytes=size_on_disk(model), linear_weight_bytes=linear_weight_bytes(model),
         latency_s=statistics.median(times), latency_times_s=times,
         accuracy=(predictions == labels).float().mean().item(), agreement=agreement,
         samples=len(labels), batch_size=batch_size, threads=used_threads,
-        device=device.type, note=note, predictions=predictions,
+        device=device.type, note=note, predictions=predictions, correct=predictions == labels,
     )
 
 
@@ -231,7 +255,7 @@ class QuantComparison(Results):
             r.name, r.device, format_bytes(r.size_bytes), f"{base.size_bytes / r.size_bytes:.2f}",
             format_bytes(r.linear_weight_bytes), f"{r.latency_s * 1e3:.1f}",
             f"{base.latency_s / r.latency_s:.2f}", f"{r.accuracy:.3f}",
-            f"{(r.accuracy - base.accuracy) * 100:+.1f}",
+            f"{r.accuracy_change(base) * 100:+.1f}",
             "-" if r.agreement is None else f"{r.agreement:.1%}", r.note,
         ] for r in self.results]
 

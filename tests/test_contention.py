@@ -1,0 +1,54 @@
+"""The free-core guard and interleaved timing: what lets timing claims survive a busy machine."""
+
+import os
+import time
+
+import pytest
+
+from workbench.measure.contention import CoreShare, busy_core, core_share, interleaved_speedup
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_a_block_that_waits_gets_almost_no_core_and_is_not_free():
+    with core_share(threads=1) as share:
+        time.sleep(0.2)
+    assert share.wall_s >= 0.2 and share.share < 0.2 and not share.free
+    assert "not asserted" in share.note()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity (Linux)")
+def test_sharing_the_hogs_core_halves_the_share_and_the_guard_says_so():
+    with busy_core() as hog:
+        core = next(iter(os.sched_getaffinity(hog.pid)))
+        mine = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, {core})  # this process now takes turns with the hog
+        try:
+            with core_share(threads=1) as share:
+                _spin(0.6)
+        finally:
+            os.sched_setaffinity(0, mine)
+        assert hog.poll() is None, "the hog keeps running inside the block"
+    assert hog.poll() is not None, "and is stopped after it"
+    assert share.share < 0.8 and not share.free
+
+
+def test_free_is_the_share_against_the_threshold():
+    assert CoreShare(cpu_s=0.9, wall_s=1.0).free and "asserted" in CoreShare(cpu_s=0.9, wall_s=1.0).note()
+    assert not CoreShare(cpu_s=0.9, wall_s=1.0, threads=2).free  # 45% of two cores
+    assert CoreShare().share == 0.0
+
+
+def test_interleaved_speedup_reads_the_faster_function_as_faster():
+    s = interleaved_speedup(lambda: _spin(0.004), lambda: _spin(0.001), rounds=5)
+    assert s.ratio > 1.5 and len(s.ratios) == 5
+    assert s.baseline_s > s.seconds and s.core.wall_s > 0
+
+
+def test_interleaved_speedup_rejects_no_rounds():
+    with pytest.raises(ValueError, match="rounds=0"):
+        interleaved_speedup(lambda: None, lambda: None, rounds=0)
