@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -271,6 +272,52 @@ def test_a_compiled_run_follows_the_eager_losses_and_counts_the_same(eager_and_c
     assert compiled.flops_per_step == eager.flops_per_step  # counted through the compiled code
     assert compiled.memory.parameter_bytes == eager.memory.parameter_bytes
     assert compiled.first_step_s > compiled.step_time_s  # the first step paid the compile
+
+
+_COMPILED_TINY_MLP = """
+import dataclasses, json, os
+import workbench as wb
+config = wb.RunConfig(model="mlp", data="digits", steps=6, log_every=2, batch_size=16, dims={"hidden": [16]},
+                      eval_samples=0, device="cpu", preset="cpu-quick")
+compiled = wb.run(dataclasses.replace(config, compile="default"), sinks=[]).losses
+eager = wb.run(config, sinks=[]).losses
+print(json.dumps({"eager": eager, "compiled": compiled, "cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR")}))
+"""
+
+
+@needs_compiler
+def test_a_capped_cpu_never_runs_kernels_compiled_for_another_instruction_set(tmp_path):
+    """Inductor's cache is not keyed on ATEN_CPU_CAPABILITY: an AVX2-capped run that found kernels
+    compiled uncapped trained on wrong numbers (CI, whose /tmp kept a warm cache: first loss 2.518
+    instead of 2.474). workbench gives each capability its own cache folder."""
+    import subprocess
+    import sys
+
+    base = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "ATEN_CPU_CAPABILITY",
+                                                          "ONEDNN_MAX_CPU_ISA")}
+    base["TMPDIR"] = str(tmp_path)  # inductor's default cache lives under it: empty, then warmed uncapped
+
+    def losses(**caps):
+        done = subprocess.run([sys.executable, "-c", _COMPILED_TINY_MLP], env={**base, **caps},
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    uncapped = losses()
+    capped = losses(ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2")
+    assert uncapped["compiled"] == pytest.approx(uncapped["eager"], rel=1e-5)
+    assert capped["compiled"] == pytest.approx(capped["eager"], rel=1e-5)
+    assert "_aten-avx2_" in capped["cache"] and "_aten-native_" in uncapped["cache"]
+
+
+def test_the_inductor_cache_is_one_per_capability_and_cpu_unless_the_user_chose_one():
+    from workbench.core.compile_cache import inductor_cache_dir, separate_capped_cache
+
+    assert "_aten-native_" in inductor_cache_dir({})
+    assert inductor_cache_dir({"ATEN_CPU_CAPABILITY": "avx2", "TORCHINDUCTOR_CACHE_DIR": "/mine"}) is None
+    environ = {"ATEN_CPU_CAPABILITY": "AVX512"}
+    assert "_aten-avx512_" in separate_capped_cache(environ)
+    assert environ["TORCHINDUCTOR_CACHE_DIR"] == inductor_cache_dir({"ATEN_CPU_CAPABILITY": "avx512"})
 
 
 @needs_compiler

@@ -16,6 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+# Before anything compiles: inductor's cache must not mix kernels of two instruction sets (why: there)
+from workbench.core.compile_cache import separate_capped_cache  # noqa: E402
+
+separate_capped_cache()
+
 # public name -> module that defines it (the layers: core, measure, engine, views, techniques)
 _EXPORTS = {
     "RunConfig": "core.config",

@@ -1,0 +1,66 @@
+"""One torch.compile (inductor) cache per CPU instruction set, so a capped run never loads kernels
+built for another.
+
+Inductor keys its on-disk cache (compiled graphs and their C++ kernels, under
+`$TMPDIR/torchinductor_<user>` by default) without the vector ISA it wrote the kernels for. The
+ISA follows `ATEN_CPU_CAPABILITY` (how CI and a learner emulate an AVX2-only CPU on a newer one:
+README). Measured with torch 2.13 on an AVX-512 CPU: a tiny MLP compiled once uncapped, then run
+again with `ATEN_CPU_CAPABILITY=avx2` on the same cache, trained on wrong numbers (first logged loss
+2.518 instead of eager's 2.474, and no error). With one directory per capability each cache only
+ever holds kernels of one ISA. The folder also names the CPU (a hash of its flags) and is used
+uncapped too ('native'): the default folder may already hold kernels of another ISA (a crash was
+seen here loading such a mix uncapped), and a copied machine image may bring another CPU's.
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import os
+import re
+import tempfile
+
+CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
+CAPABILITY_VARIABLE = "ATEN_CPU_CAPABILITY"
+
+
+def _user() -> str:
+    try:
+        return re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
+    except (KeyError, ModuleNotFoundError, OSError):  # a container user with no passwd entry
+        return f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
+
+
+def _cpu_flags() -> str:
+    """The CPU's feature flags (Linux), '' elsewhere: a cache copied to another machine (an image,
+    a CI runner started from a snapshot) must not hand AVX-512 kernels to an AVX2-only CPU."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            return next((line for line in cpuinfo if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return ""
+
+
+def inductor_cache_dir(environ: dict[str, str] | os._Environ = os.environ) -> str | None:
+    """The cache folder this process should use, named after the capability cap ('native' without
+    one) and this CPU's flags; None where the user chose a folder.
+
+        >>> "_aten-avx2_" in inductor_cache_dir({"ATEN_CPU_CAPABILITY": "avx2"})
+        True
+        >>> inductor_cache_dir({"TORCHINDUCTOR_CACHE_DIR": "/mine"}) is None
+        True
+    """
+    if environ.get(CACHE_VARIABLE):
+        return None
+    capability = re.sub(r"[^a-z0-9]", "_", environ.get(CAPABILITY_VARIABLE, "").strip().lower()) or "native"
+    cpu = hashlib.sha256(_cpu_flags().encode()).hexdigest()[:8]
+    return os.path.join(tempfile.gettempdir(), f"torchinductor_{_user()}_aten-{capability}_{cpu}")
+
+
+def separate_capped_cache(environ: dict[str, str] | os._Environ = os.environ) -> str | None:
+    """Point inductor at `inductor_cache_dir()` before anything compiles (called when workbench is
+    imported; children of `accelerate launch` inherit the variable). Returns the folder it set."""
+    folder = inductor_cache_dir(environ)
+    if folder is not None:
+        environ[CACHE_VARIABLE] = folder
+    return folder
