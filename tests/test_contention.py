@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from workbench.measure.contention import CoreShare, busy_core, core_share, interleaved_speedup
+from workbench.measure.contention import CoreShare, OtherWork, busy_core, core_share, interleaved_speedup, other_work
 
 
 def _spin(seconds: float) -> None:
@@ -52,3 +52,29 @@ def test_interleaved_speedup_reads_the_faster_function_as_faster():
 def test_interleaved_speedup_rejects_no_rounds():
     with pytest.raises(ValueError, match="rounds=0"):
         interleaved_speedup(lambda: None, lambda: None, rounds=0)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="other_work reads Linux's /proc/stat")
+def test_other_work_sees_a_busy_core_and_not_this_process_or_its_children():
+    import subprocess
+    import sys
+
+    with busy_core():
+        time.sleep(0.3)
+        with other_work() as busy:
+            time.sleep(1.0)
+    burn = "import time\nt = time.time()\nwhile time.time() - t < 1.0: pass"
+    with other_work() as own:
+        subprocess.run([sys.executable, "-c", burn], check=True)  # a child, like a DataLoader worker
+        start = time.time()
+        while time.time() - start < 0.5:  # and this process itself
+            pass
+    assert busy.cores >= 0.6 and not busy.quiet
+    assert own.cores <= busy.cores - 0.5  # a core's worth of our own work was not counted as others'
+    assert "core(s) busy meanwhile" in str(own)
+
+
+def test_other_work_unknown_counts_as_quiet():
+    unknown = OtherWork(cpu_s=None, wall_s=1.0)
+    assert unknown.cores is None and unknown.quiet and "unknown" in str(unknown)
+    assert not OtherWork(cpu_s=0.5, wall_s=1.0).quiet and OtherWork(cpu_s=0.2, wall_s=1.0).quiet

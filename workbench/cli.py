@@ -155,7 +155,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "eval_loss": result.eval_loss}
             with open(args.json, "w") as out:
                 json.dump(figures, out, indent=1)
+    _leave_process_group()
     return {"ok": 0, "interrupted": 130}.get(result.status, 1)  # 'oom', 'diverged': 1
+
+
+def _leave_process_group() -> None:
+    """Under `accelerate launch`, take the process group down before the interpreter exits. Left
+    up, gloo's threads meet C++ static destruction: 1 launch in 10 here ended with a rank aborting
+    ('terminate called without an active exception', SIGABRT) after its run had finished, so the
+    launcher exited 1. The barrier first: no rank tears its side down while another still sends."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -84,6 +84,74 @@ def core_share(*, threads: int | None = None) -> Iterator[CoreShare]:
         result.wall_s = time.perf_counter() - wall0
 
 
+# Other processes using at most this many cores' worth of CPU during a block left a 2-core
+# machine's second core free for this process's own children (DataLoader workers, ranks).
+OTHER_WORK_LIMIT = 0.25
+
+
+@dataclass(slots=True)
+class OtherWork:
+    """CPU time that processes other than this one and its children used while a block ran."""
+
+    cpu_s: float | None = None
+    """Their CPU seconds (None: no /proc/stat, not Linux)."""
+    wall_s: float = 0.0
+
+    @property
+    def cores(self) -> float | None:
+        """How many cores they kept busy on average."""
+        return None if self.cpu_s is None or self.wall_s <= 0 else self.cpu_s / self.wall_s
+
+    @property
+    def quiet(self) -> bool:
+        """Nothing else used more than OTHER_WORK_LIMIT cores (unknown counts as quiet)."""
+        return self.cores is None or self.cores <= OTHER_WORK_LIMIT
+
+    def __str__(self) -> str:
+        if self.cores is None:
+            return "other work on the CPU: unknown (no /proc/stat)"
+        return f"other processes kept {self.cores:.2f} core(s) busy meanwhile"
+
+
+def _machine_busy_s() -> float | None:
+    """CPU seconds all cores have spent busy since boot (user, nice, system, irq, softirq, steal)."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = stat.readline().split()[1:]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_tree_s() -> float:
+    """CPU seconds of this process and of its children that have ended (DataLoader workers,
+    launched ranks: they are waited for before a run returns)."""
+    import resource
+
+    mine, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return mine.ru_utime + mine.ru_stime + children.ru_utime + children.ru_stime
+
+
+@contextmanager
+def other_work() -> Iterator[OtherWork]:
+    """Measure what other processes took of the CPU while the block ran: the machine's busy time
+    minus this process tree's. The guard for a claim about this process's own parallelism (workers
+    on the second core): a core-share check before and after cannot see a burst in between.
+
+    Children still running when the block ends are counted as other work (a conservative error).
+    """
+    result = OtherWork()
+    busy0, own0, wall0 = _machine_busy_s(), _own_tree_s(), time.perf_counter()
+    try:
+        yield result
+    finally:
+        result.wall_s = time.perf_counter() - wall0
+        busy1 = _machine_busy_s()
+        if busy0 is not None and busy1 is not None:
+            result.cpu_s = max(0.0, (busy1 - busy0) - (_own_tree_s() - own0))
+
+
 @dataclass(frozen=True, slots=True)
 class Speedup:
     """How many times faster `fn` ran than `baseline`, from interleaved rounds."""
