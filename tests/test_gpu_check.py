@@ -62,5 +62,5 @@ def test_the_summary_says_why_a_gpu_figure_is_missing_on_a_cpu():
 
 
 def test_every_timeout_fits_the_budget_and_a_new_notebook_gets_the_default():
-    assert all(0 < t <= gpu_check.DEFAULT_TIMEOUT_S for t in gpu_check.TIMEOUT_S.values())
+    assert all(0 < t < 450 for t in gpu_check.TIMEOUT_S.values())  # each fits the default --budget-s
     assert gpu_check.DEFAULT_TIMEOUT_S < 450 and set(gpu_check.NOTEBOOKS) >= {"00_tour", "07_planner"}

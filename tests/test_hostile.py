@@ -548,10 +548,23 @@ def test_a_run_that_fails_keeps_its_partial_result():
 def test_ctrl_c_during_a_worker_fork_stops_the_run_instead_of_being_swallowed():
     # A SIGINT handled inside a fork's at-fork hooks was printed as "Exception ignored" and
     # lost, and the run went on to 'ok'. This hook sends it exactly there, once.
+    import multiprocessing.process
+    import sys
+    import threading
+
     armed = [True]
 
+    def starting_a_worker() -> bool:
+        """This fork is a worker's start (not a fork some earlier test left running elsewhere)."""
+        frame = sys._getframe(1)
+        while frame is not None:
+            if isinstance(frame.f_locals.get("self"), multiprocessing.process.BaseProcess):
+                return True
+            frame = frame.f_back
+        return False
+
     def interrupt_in_the_fork():
-        if armed:
+        if armed and threading.current_thread() is threading.main_thread() and starting_a_worker():
             armed.clear()
             os.kill(os.getpid(), signal.SIGINT)
 

