@@ -4,13 +4,13 @@
 here; each check raises `ConfigError`, one line that names the field and the fix. The checks
 read the registries (models, data sets, optimizers, precisions) and this machine
 (`hardware`, `limits`), never `config.py` itself: the names a field accepts arrive as the
-`choices` callable (`config.field_choices`).
+`choices` callable (`config.field_choices`). Your own model and data are read by `custom.py`.
 
 Example:
     >>> one_of("precision", "fp8", ("fp32", "fp16", "bf16"))
     Traceback (most recent call last):
     ...
-    workbench.core.checks.ConfigError: precision='fp8' is not known; use one of: 'fp32', 'fp16', 'bf16'
+    workbench.core.errors.ConfigError: precision='fp8' is not known; use one of: 'fp32', 'fp16', 'bf16'
 """
 
 from __future__ import annotations
@@ -22,8 +22,11 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from workbench.core import hardware, limits
+from torch import nn
+
+from workbench.core import custom, hardware, limits
 from workbench.core.data import DATASETS, train_size
+from workbench.core.errors import ConfigError
 from workbench.core.models import MODEL_SPECS
 from workbench.core.optim import OPTIMIZERS, implementation_problem
 from workbench.core.precisions import grad_scaler_problem
@@ -32,19 +35,15 @@ Choices = Callable[[str], tuple[str, ...]]
 """A field's name -> the names it accepts (config.field_choices)."""
 
 
-class ConfigError(ValueError):
-    """A RunConfig value that cannot work; the message names the field and the fix."""
-
-
 def check_types(cfg: Any, types: dict[str, tuple[tuple[type, ...], str]]) -> None:
     """Each field's value is one of its accepted types (`types`: field -> (types, what to write instead))."""
     for name, (accepted, hint) in types.items():
         value = getattr(cfg, name)
         is_bool_as_number = isinstance(value, bool) and bool not in accepted
         if is_bool_as_number or not isinstance(value, accepted):
-            raise ConfigError(
-                f"{name} must be {hint}, got {type(value).__name__} {value!r}; pass {name}=<{hint}>"
-            )
+            shown = repr(value)
+            shown = "" if "\n" in shown or len(shown) > 80 else f" {shown}"  # e.g. an array: its type says enough
+            raise ConfigError(f"{name} must be {hint}, got {type(value).__name__}{shown}; pass {name}=<{hint}>")
 
 
 def one_of(name: str, value: str, choices: tuple[str, ...] | list[str]) -> None:
@@ -70,11 +69,14 @@ def check_values(cfg: Any, r: dict[str, Any], choices: Choices) -> None:
     if r["qat"] != "none" and importlib.util.find_spec("torchao") is None:
         raise ConfigError(f"qat={r['qat']!r} needs torchao, which is not installed; "
                           "pip install --no-deps 'torchao>=0.18,<0.19', or use qat='none'")
-    data = r["data"]
-    if not data.startswith("hub:"):
+    data, own_model = r["data"], isinstance(r["model"], nn.Module)
+    named = isinstance(data, str) and not data.startswith("hub:")  # a built-in data set
+    if own_model or custom.is_own_data(data):
+        _check_own(r)  # the model and data passed in; built-in ones below
+    if named:
         _one_of("data", data, tuple(DATASETS))
         task = DATASETS[data].task
-        needed = MODEL_SPECS[r["model"]].task
+        needed = MODEL_SPECS[r["model"]].task if not own_model else task  # a module's forward is checked at run time
         if task != needed:
             fit = [n for n, info in DATASETS.items() if info.task == needed]
             raise ConfigError(
@@ -106,19 +108,19 @@ def check_values(cfg: Any, r: dict[str, Any], choices: Choices) -> None:
             f"activation_checkpointing={r['activation_checkpointing']!r} needs a model with blocks; "
             f"use model='gpt' or 'minilm', or activation_checkpointing='none'"
         )
-    shape = None if data.startswith("hub:") else DATASETS[data].input_shape
-    if problem := limits.dims_problem(r["model"], r["dims"], shape):
+    shape = DATASETS[data].input_shape if named else None
+    if not own_model and (problem := limits.dims_problem(r["model"], r["dims"], shape)):
         raise ConfigError(problem)
     _check_seq_len(r)
     _check_save_and_resume(r)
     _check_device(r)
     _check_fewer_bytes(r, choices)
     _check_speed(r, choices)
-    if not data.startswith("hub:"):
-        size = train_size(data, r["seq_len"])
+    size = custom.train_count(data, r["seq_len"])  # None: a hub set, of unknown size offline
+    if size is not None:
         if r["batch_size"] > size:
             raise ConfigError(
-                f"batch_size={r['batch_size']} is larger than data={data!r} ({size} training samples); "
+                f"batch_size={r['batch_size']} is larger than data={custom.shown_data(data)} ({size} training samples); "
                 f"pass batch_size <= {size}"
             )
         if cfg.epochs is not None:
@@ -127,7 +129,7 @@ def check_values(cfg: Any, r: dict[str, Any], choices: Choices) -> None:
             if per_epoch < 1:
                 raise ConfigError(
                     f"grad_accum_steps={r['grad_accum_steps']} x batch_size={r['batch_size']} exceeds "
-                    f"one epoch of {data!r} ({size} samples); lower one of them"
+                    f"one epoch of {custom.shown_data(data)} ({size} samples); lower one of them"
                 )
             r["steps"] = max(1, math.ceil(cfg.epochs * per_epoch))
         batches = size // r["batch_size"]
@@ -135,7 +137,53 @@ def check_values(cfg: Any, r: dict[str, Any], choices: Choices) -> None:
             # Measured: prefetch_factor=10**9 hung the first batch for over 2 minutes (the loader
             # asks for 10**9 indices one by one), for nothing: a worker holds one epoch at most.
             raise ConfigError(f"prefetch_factor={r['prefetch_factor']} is more batches ahead than an epoch of "
-                              f"{data!r} holds ({batches}); pass prefetch_factor <= {batches}, e.g. 2")
+                              f"{custom.shown_data(data)} holds ({batches}); pass prefetch_factor <= {batches}, e.g. 2")
+
+
+def _check_own(r: dict[str, Any]) -> None:
+    """Your own model and data (core/custom.py): the data's form, and the switches that reach
+    into a built-in model's architecture, refused for a module with the way to do it yourself."""
+    model, data = r["model"], r["data"]
+    if custom.is_own_data(data):
+        if not isinstance(model, nn.Module):
+            raise ConfigError(f"data={custom.shown_data(data)} needs your own model: model={model!r} sizes itself from "
+                              f"a built-in data set; pass model=YourModule(), or data={MODEL_SPECS[model].default_data!r}")
+        form = custom.read_data(data)
+        if r["seq_len"] is not None:
+            raise ConfigError(f"seq_len={r['seq_len']} cuts the built-in text data; your data's items have their own "
+                              "length: leave seq_len unset")
+        if r["eval_samples"] and form.test is None:
+            raise ConfigError(f"eval_samples={r['eval_samples']} needs a held-out set and data={custom.shown_data(data)} "
+                              "has none; pass data=(train, test), or eval_samples=0")
+    if not isinstance(model, nn.Module):
+        return
+    name = f"model={custom.shown_model(model)}"
+    refused = [  # (the switch is on, what it does, what to do instead)
+        (bool(r["dims"]), f"dims {sorted(r['dims'])} size the built-in models", "your module's size is fixed when you "
+         "build it: drop dims"),
+        (r["activation_checkpointing"] != "none", f"activation_checkpointing={r['activation_checkpointing']!r} "
+         "recomputes the built-in models' blocks", "put torch.utils.checkpoint inside your module's forward, and "
+         "pass activation_checkpointing='none'"),
+        (r["freeze"] != "none" or r["freeze_layers"] != 0, "freeze and freeze_layers pick parts of the built-in "
+         "models", "call requires_grad_(False) on what you freeze (the optimizer gets only what trains), and pass "
+         "freeze='none', freeze_layers=0"),
+        (r["lora_rank"] != 0, f"lora_rank={r['lora_rank']} adapts the built-in transformers' layers", "wrap your "
+         "module with peft.get_peft_model yourself, and pass lora_rank=0"),
+        (r["sharding"] != "none", f"sharding={r['sharding']!r} is wired for the built-in models", "pass sharding='none'"),
+        (r["attention"] != "explicit", f"attention={r['attention']!r} switches the built-in GPT's attention", "call "
+         "F.scaled_dot_product_attention in your forward, and pass attention='explicit'"),
+        (r["save_state_dir"] is not None or r["resume_from"] is not None, "save_state_dir and resume_from save and "
+         "restore a built-in model's training state", "save the model yourself (keep_model=True, then "
+         "torch.save(result.model.state_dict(), path)), or use a built-in model name"),
+    ]
+    for on, what, fix in refused:
+        if on:
+            raise ConfigError(f"{what}; for {name} {fix}")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ConfigError(f"{name} has no parameters that train (none, or all requires_grad=False); pass a module "
+                          "with trainable parameters")
+    if r["qat"] != "none" and not any(isinstance(m, nn.Linear) for m in model.modules()):
+        raise ConfigError(f"qat={r['qat']!r} fake-quantizes nn.Linear layers and {name} has none; pass qat='none'")
 
 
 def _check_update_rule(r: dict[str, Any]) -> None:
@@ -160,15 +208,17 @@ def _check_update_rule(r: dict[str, Any]) -> None:
 
 def _check_seq_len(r: dict[str, Any]) -> None:
     """A sequence must fit the model (its position table) and the data (one micro-batch of windows)."""
-    if not MODEL_SPECS[r["model"]].is_text:
+    model, seq_len, data = r["model"], r["seq_len"], r["data"]
+    # A custom module reads text when its (built-in) data is text: seq_len is set then.
+    if (isinstance(model, str) and not MODEL_SPECS[model].is_text) or seq_len is None:
         return
-    seq_len, data = r["seq_len"], r["data"]
     if seq_len < 2:
-        raise ConfigError(f"seq_len={seq_len} must be at least 2 for model={r['model']!r}; pass e.g. seq_len=64")
-    if (most := limits.max_positions(r["model"])) is not None and seq_len > most:
-        raise ConfigError(f"seq_len={seq_len} is longer than model={r['model']!r} can read ({most} positions); "
+        raise ConfigError(f"seq_len={seq_len} must be at least 2 for model={custom.shown_model(model)}; "
+                          "pass e.g. seq_len=64")
+    if isinstance(model, str) and (most := limits.max_positions(model)) is not None and seq_len > most:
+        raise ConfigError(f"seq_len={seq_len} is longer than model={model!r} can read ({most} positions); "
                           f"pass seq_len <= {most}")
-    if DATASETS.get(data) is not None and DATASETS[data].task == "language_modeling":
+    if isinstance(data, str) and DATASETS.get(data) is not None and DATASETS[data].task == "language_modeling":
         fits = lambda s: train_size(data, s) >= r["batch_size"]  # noqa: E731
         if not fits(seq_len) and fits(2):
             longest = limits.longest_lm_seq_len(lambda s: train_size(data, s), r["batch_size"])
@@ -215,7 +265,7 @@ _MINILM_LAYERS = 6
 
 def _check_fewer_bytes(r: dict[str, Any], choices: Choices) -> None:
     """Freezing, LoRA, the optimizer's extra needs and sharding (notebook 09)."""
-    model, spec = r["model"], MODEL_SPECS[r["model"]]
+    model, spec = r["model"], custom.model_spec(r["model"])  # a module: refused in _check_own before these
     _one_of("freeze", r["freeze"], choices)
     _one_of("lora_targets", r["lora_targets"], choices)
     _one_of("sharding", r["sharding"], choices)

@@ -9,6 +9,7 @@ field and the fix, before any data is loaded or memory allocated.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import os
@@ -16,9 +17,14 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from workbench.core import hardware
-from workbench.core.checks import ConfigError, check_types, check_values, one_of
-from workbench.core.models import MODEL_SPECS, MODELS
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from workbench.core import custom, hardware
+from workbench.core.checks import check_types, check_values, one_of
+from workbench.core.data import DATASETS
+from workbench.core.errors import ConfigError
+from workbench.core.models import MODELS
 from workbench.core.optim import IMPLEMENTATIONS, OPTIMIZERS
 from workbench.core.precisions import PRECISIONS, scaler_kwargs
 from workbench.core.presets import PRESETS, get_preset
@@ -54,10 +60,21 @@ class RunConfig:
         64
     """
 
-    model: ModelName = "mlp"
-    """'mlp', 'cnn' (images), 'gpt' (byte-level language model) or 'minilm' (pretrained)."""
-    data: str | None = None
-    """A built-in data set (see data.DATASETS) or 'hub:<name>'; None: the model's default."""
+    model: ModelName | torch.nn.Module = "mlp"
+    """'mlp', 'cnn' (images), 'gpt' (byte-level language model), 'minilm' (pretrained), or your own
+    torch.nn.Module: `logits = model(batch["inputs"])`, trained with cross-entropy over the logits'
+    last dimension (checked on two samples before training). Each run trains a deep copy, so every
+    arm of a comparison starts from the same weights and your module is never changed (run(...,
+    keep_model=True) hands back the trained copy). Switches that reach into a built-in model's
+    architecture (dims, activation_checkpointing, freeze, lora_rank, sharding, attention='sdpa',
+    save_state_dir, resume_from) are refused for a module; the rest work."""
+    data: str | Dataset | DataLoader | tuple[Dataset, Dataset] | None = None
+    """A built-in data set (see data.DATASETS) or 'hub:<name>'; None: the model's default. With your
+    own model also: a map-style torch Dataset whose items are {"inputs": tensor, "labels": tensor}
+    dicts or (inputs, labels) pairs; a (train, test) tuple of them (test: the held-out set
+    eval_samples draws from, in order); or a DataLoader, whose dataset, batch_size (when batch_size
+    is unset), num_workers and collate_fn are kept: the run makes its own seeded DataLoader from them,
+    so every arm of a comparison sees the same order (its sampler and shuffle are not used)."""
     batch_size: int | None = None
     """Micro-batch size: samples per forward/backward pass (per process)."""
     steps: int | None = None
@@ -165,14 +182,19 @@ class RunConfig:
         return RunConfig(**values)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every field as plain values (JSON-able once resolved). A module or a dataset is described
+        in words ('MyNet (12,345 parameters)', 'TensorDataset of 1,000 samples'), not copied."""
+        values = {f.name: copy.deepcopy(getattr(self, f.name)) for f in dataclasses.fields(self)
+                  if f.name not in ("model", "data")}
+        return {"model": custom.describe_model(self.model), "data": custom.describe_data(self.data), **values}
 
 
 # field -> (accepted types, what to write instead); bool is excluded from ints
 # because True == 1 would silently pass as a batch size.
 _TYPES: dict[str, tuple[tuple[type, ...], str]] = {
-    "model": ((str,), "a model name such as 'mlp'"),
-    "data": ((str, type(None)), "a data set name such as 'mnist'"),
+    "model": ((str, torch.nn.Module), "a model name such as 'mlp', or your torch.nn.Module"),
+    "data": ((str, type(None), Dataset, DataLoader, tuple),
+             "a data set name such as 'mnist', a torch Dataset, (train, test) Datasets or a DataLoader"),
     "batch_size": ((int, type(None)), "a whole number such as 32"),
     "steps": ((int, type(None)), "a whole number such as 100"),
     "epochs": ((int, float, type(None)), "a number such as 1 or 0.5"),
@@ -230,29 +252,50 @@ def _one_of(name: str, value: str) -> None:
     one_of(name, value, field_choices(name))
 
 
+def _train_count(data: Any) -> int:
+    try:
+        return custom.train_count(data, None) or 1
+    except Exception:  # a dataset of the wrong form: check_values names what is wrong with it
+        return 1
+
+
 def _resolve(cfg: RunConfig) -> dict[str, Any]:
     """Fill every None from the preset; assumes types are already checked."""
     if cfg.preset is not None:
         _one_of("preset", cfg.preset)
-    _one_of("model", cfg.model)
-    if cfg.data is not None and not cfg.data.removeprefix("hub:").strip():
+    own_model = isinstance(cfg.model, torch.nn.Module)
+    if not own_model:
+        _one_of("model", cfg.model)
+    if isinstance(cfg.data, str) and not cfg.data.removeprefix("hub:").strip():
         raise ConfigError(f"data={cfg.data!r} names no data set; pass a name such as 'mnist' or 'hub:<name>', "
                           "or None for the model's default")
-    spec = MODEL_SPECS[cfg.model]
+    if own_model and cfg.data is None:
+        raise ConfigError(f"model={custom.shown_model(cfg.model)} needs data=: pass a torch Dataset, (train, test) "
+                          "Datasets, a DataLoader, or a built-in name such as 'mnist'")
+    spec = custom.model_spec(cfg.model)
     try:
         preset = get_preset(cfg.preset)
     except ValueError as error:  # $WORKBENCH_PRESET names no preset
         raise ConfigError(str(error)) from None
     values = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
     values["preset"] = preset.name
-    values["data"] = cfg.data or spec.default_data
+    values["data"] = data = cfg.data or spec.default_data
     values["lr"] = spec.default_lr if cfg.lr is None else cfg.lr
     pick = lambda given, default: default if given is None else given  # noqa: E731 (0 is a value)
-    values["batch_size"] = pick(cfg.batch_size, preset.batch_size[cfg.model])
-    values["seq_len"] = pick(cfg.seq_len, preset.seq_len.get(cfg.model))
+    key = custom.preset_key(cfg.model, data)  # a custom module: the built-in model of its data's kind
+    loader = data if isinstance(data, DataLoader) else None  # its batch size and workers, unless given
+    values["batch_size"] = pick(cfg.batch_size, loader.batch_size if loader else preset.batch_size[key])
+    if cfg.batch_size is None and custom.is_own_data(data) and not loader:  # a small dataset: one batch at most
+        values["batch_size"] = min(values["batch_size"], max(1, _train_count(data)))
+    values["num_workers"] = cfg.num_workers or (loader.num_workers if loader else 0)
+    text_data = isinstance(data, str) and (not own_model or data not in DATASETS
+                                           or DATASETS[data].task != "image_classification")
+    values["seq_len"] = pick(cfg.seq_len, preset.seq_len.get(key) if text_data else None)
     values["log_every"] = pick(cfg.log_every, preset.log_every)
-    values["eval_samples"] = preset.max_eval_samples if cfg.eval_samples is None else cfg.eval_samples
-    values["dims"] = {**preset.dims[cfg.model], **(cfg.dims or {})}
+    # A plain dataset has no held-out split: nothing to evaluate unless asked (and checked).
+    held_out = not custom.is_own_data(data) or isinstance(data, tuple)
+    values["eval_samples"] = pick(cfg.eval_samples, preset.max_eval_samples if held_out else 0)
+    values["dims"] = dict(cfg.dims or {}) if own_model else {**preset.dims[cfg.model], **(cfg.dims or {})}
     for name in ("save_state_dir", "resume_from"):  # plain strings: the config stays JSON-able
         values[name] = None if values[name] is None else os.fspath(values[name])
     if cfg.precision == "fp16":  # the scaler knobs a run uses, shown in its resolved config

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
+from workbench.core import custom
 from workbench.core.config import RunConfig
 from workbench.core.limits import usable_cores
 from workbench.measure.records import RunEnd, RunStart, Sink, StepRecord
@@ -304,7 +305,7 @@ def launch(config: RunConfig, *, num_processes: int = 2, name: str | None = None
     if name is not None and not isinstance(name, str):
         raise TypeError(f"name must be text, got {type(name).__name__} {name!r}; pass e.g. name='2 processes'")
     check_fits(cfg, processes=num_processes)  # all N on this machine: refused here, before any fork
-    name = name or f"{cfg.model} {cfg.precision} b{cfg.batch_size} x{num_processes}"
+    name = name or f"{custom.model_name(cfg.model)} {cfg.precision} b{cfg.batch_size} x{num_processes}"
     sinks = list(sinks)
     seen: dict[str, Any] = {"hello": [], "start": None, "steps": [], "end": None}
 
@@ -359,8 +360,9 @@ def _warm_up(cfg: RunConfig) -> None:
     from workbench.core.data import load_data
     from workbench.engine import train  # noqa: F401  (the loop and what it imports)
 
-    # The same arguments as run() uses, so the children hit this cache.
-    load_data(cfg.data, seq_len=cfg.seq_len or 128, max_test=cfg.eval_samples or None, seed=cfg.seed)
+    # The same arguments as run() uses, so the children hit this cache (a dataset passed in is in memory).
+    if not custom.is_own_data(cfg.data):
+        load_data(cfg.data, seq_len=cfg.seq_len or 128, max_test=cfg.eval_samples or None, seed=cfg.seed)
 
 
 def _partial_result(cfg: RunConfig, name: str, status: str, message: str, steps: list[StepRecord],
