@@ -40,6 +40,8 @@ def check_types(cfg: Any, types: dict[str, tuple[tuple[type, ...], str]]) -> Non
     for name, (accepted, hint) in types.items():
         value = getattr(cfg, name)
         is_bool_as_number = isinstance(value, bool) and bool not in accepted
+        if isinstance(value, type) and issubclass(value, accepted):  # model=MyNet: the class, not a module
+            raise ConfigError(f"{name}={value.__name__} is a class; pass an instance, {name}={value.__name__}()")
         if is_bool_as_number or not isinstance(value, accepted):
             shown = repr(value)
             shown = "" if "\n" in shown or len(shown) > 80 else f" {shown}"  # e.g. an array: its type says enough

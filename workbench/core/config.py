@@ -279,7 +279,7 @@ def _resolve(cfg: RunConfig) -> dict[str, Any]:
         raise ConfigError(str(error)) from None
     values = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
     values["preset"] = preset.name
-    values["data"] = data = cfg.data or spec.default_data
+    values["data"] = data = spec.default_data if cfg.data is None else cfg.data  # (an empty Dataset is falsy)
     values["lr"] = spec.default_lr if cfg.lr is None else cfg.lr
     pick = lambda given, default: default if given is None else given  # noqa: E731 (0 is a value)
     key = custom.preset_key(cfg.model, data)  # a custom module: the built-in model of its data's kind

@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -115,8 +116,19 @@ def _child(target: RunConfig | Callable[..., Any], args: tuple, name: str | None
         # the time says which failure came first, the cause rather than an echo.
         conn.send(("error", {"rank": rank, "time": time.time(), "traceback": traceback.format_exc()}))
         raise
-    conn.send(("result", value))
+    conn.send(("result", _without_own_objects(value)))
     conn.close()
+
+
+def _without_own_objects(value: Any) -> Any:
+    """A result whose config names your own module and dataset in words: their tensors would
+    cross the pipe through shared memory that is gone once this child exits (measured: the
+    parent's recv failed, FileNotFoundError). The parent puts its own objects back (launch())."""
+    if not isinstance(value, RunResult) or not isinstance(value.config, RunConfig):
+        return value
+    config = copy.copy(value.config)  # not RunConfig(...): a description is no model to check
+    config.model, config.data = custom.describe_model(config.model), custom.describe_data(config.data)
+    return replace(value, config=config)
 
 
 def _check_num_processes(num_processes: Any) -> None:
@@ -337,7 +349,9 @@ def launch(config: RunConfig, *, num_processes: int = 2, name: str | None = None
     extra = {"launch_wall_s": wall, "processes": hello}
     if status == "ok" and 0 in values:
         result = values[0]
-        return replace(result, name=name, extra={**result.extra, **extra})
+        config = copy.copy(result.config)
+        config.model, config.data = cfg.model, cfg.data  # your module and dataset, as the children described them
+        return replace(result, name=name, config=config, extra={**result.extra, **extra})
     if status == "ok":  # every child exited cleanly but rank 0 sent no result
         status, failure = "failed", "rank 0 exited without a result"
     message = _last_line(failure or status)
