@@ -41,9 +41,9 @@ from workbench.core.data import DATASETS, DataBundle, load_data
 from workbench.core.errors import ConfigError
 from workbench.core.models import MODEL_SPECS, ModelSpec, parameter_count
 
-__all__ = ["ContractBatches", "OwnData", "as_contract", "checked_copy", "describe_data", "describe_model", "forward_problem",
-           "is_own_data", "load_bundle", "model_copy", "model_name", "model_spec", "own_bundle", "preset_key", "read_data", "shown_data",
-           "shown_model", "train_count"]
+__all__ = ["ContractBatches", "OwnData", "as_contract", "checked_copy", "describe_data", "describe_model",
+           "forward_problem", "is_own_data", "load_bundle", "model_copy", "model_name", "model_spec", "own_bundle",
+           "preset_key", "read_data", "shown_data", "shown_model", "train_count"]
 
 ITEM_FORM = "items must be {'inputs': tensor, 'labels': tensor} dicts or (inputs, labels) pairs"
 WHAT_LOGITS = ("a classifier returns logits (batch, classes) for labels (batch,), a language model "
@@ -87,7 +87,7 @@ def describe_model(model: str | nn.Module) -> str:
 def _length(dataset: Any) -> int | None:
     try:
         return len(dataset)
-    except TypeError:
+    except Exception:  # no __len__ (TypeError), or one that is not written (NotImplementedError)
         return None
 
 
@@ -102,10 +102,11 @@ def describe_data(data: Any) -> Any:
         return data
     if isinstance(data, DataLoader):
         return f"DataLoader over {_sized(data.dataset)}, batch {data.batch_size}"
-    if isinstance(data, tuple) and len(data) == 2:
-        train, test = (_length(part) for part in data)
-        return f"{type(data[0]).__name__} (train {train:,}, test {test:,})" if train is not None and test is not None \
-            else f"({type(data[0]).__name__}, {type(data[1]).__name__})"
+    if isinstance(data, tuple):
+        train, test = (_length(part) for part in data) if len(data) == 2 else (None, None)
+        if train is not None and test is not None and isinstance(data[0], Dataset):
+            return f"{type(data[0]).__name__} (train {train:,}, test {test:,})"
+        return f"({', '.join(type(part).__name__ for part in data)})"
     return _sized(data)
 
 
@@ -340,11 +341,13 @@ def forward_problem(model: nn.Module, batch: dict[str, torch.Tensor], *, classes
     counted = labels[labels != -100]  # cross-entropy's ignore_index
     low, high = (int(counted.min()), int(counted.max())) if counted.numel() else (0, -1)
     if low < 0 or high >= scores:
-        return (f"{name} returns {scores} class scores per position (logits of shape {tuple(logits.shape)}) but a label "
+        return (f"{name} returns {scores} class score{'s' * (scores != 1)} per prediction (logits of shape "
+                f"{tuple(logits.shape)}) but a label "
                 f"is {low if low < 0 else high}; labels must be class indices 0..{scores - 1}: give the model's last "
                 "layer one output per class")
     if classes is not None and scores < classes:
-        return (f"{name} returns {scores} class scores per position (logits of shape {tuple(logits.shape)}) but the data "
+        return (f"{name} returns {scores} class score{'s' * (scores != 1)} per prediction (logits of shape "
+                f"{tuple(logits.shape)}) but the data "
                 f"has {classes} classes; give the model's last layer {classes} outputs")
     return None
 
