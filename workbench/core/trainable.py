@@ -83,6 +83,8 @@ def freeze_parts(model: nn.Module, what: str = "none", *, first_layers: int = 0)
     """
     if what not in FREEZE_CHOICES:
         raise ValueError(f"freeze={what!r} is not known; use one of {', '.join(map(repr, FREEZE_CHOICES))}")
+    if what == "none" and first_layers == 0:  # nothing to freeze: any module (your own too) passes as it is
+        return model
     parts = model_parts(model)
     if not 0 <= first_layers <= len(parts["blocks"]):
         raise ValueError(f"freeze_layers={first_layers} but the model has {len(parts['blocks'])} blocks; "

@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -36,6 +37,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
+from workbench.core import custom
 from workbench.core.config import RunConfig
 from workbench.core.limits import usable_cores
 from workbench.measure.records import RunEnd, RunStart, Sink, StepRecord
@@ -114,8 +116,19 @@ def _child(target: RunConfig | Callable[..., Any], args: tuple, name: str | None
         # the time says which failure came first, the cause rather than an echo.
         conn.send(("error", {"rank": rank, "time": time.time(), "traceback": traceback.format_exc()}))
         raise
-    conn.send(("result", value))
+    conn.send(("result", _without_own_objects(value)))
     conn.close()
+
+
+def _without_own_objects(value: Any) -> Any:
+    """A result whose config names your own module and dataset in words: their tensors would
+    cross the pipe through shared memory that is gone once this child exits (measured: the
+    parent's recv failed, FileNotFoundError). The parent puts its own objects back (launch())."""
+    if not isinstance(value, RunResult) or not isinstance(value.config, RunConfig):
+        return value
+    config = copy.copy(value.config)  # not RunConfig(...): a description is no model to check
+    config.model, config.data = custom.describe_model(config.model), custom.describe_data(config.data)
+    return replace(value, config=config)
 
 
 def _check_num_processes(num_processes: Any) -> None:
@@ -304,7 +317,7 @@ def launch(config: RunConfig, *, num_processes: int = 2, name: str | None = None
     if name is not None and not isinstance(name, str):
         raise TypeError(f"name must be text, got {type(name).__name__} {name!r}; pass e.g. name='2 processes'")
     check_fits(cfg, processes=num_processes)  # all N on this machine: refused here, before any fork
-    name = name or f"{cfg.model} {cfg.precision} b{cfg.batch_size} x{num_processes}"
+    name = name or f"{custom.model_name(cfg.model)} {cfg.precision} b{cfg.batch_size} x{num_processes}"
     sinks = list(sinks)
     seen: dict[str, Any] = {"hello": [], "start": None, "steps": [], "end": None}
 
@@ -336,7 +349,9 @@ def launch(config: RunConfig, *, num_processes: int = 2, name: str | None = None
     extra = {"launch_wall_s": wall, "processes": hello}
     if status == "ok" and 0 in values:
         result = values[0]
-        return replace(result, name=name, extra={**result.extra, **extra})
+        config = copy.copy(result.config)
+        config.model, config.data = cfg.model, cfg.data  # your module and dataset, as the children described them
+        return replace(result, name=name, config=config, extra={**result.extra, **extra})
     if status == "ok":  # every child exited cleanly but rank 0 sent no result
         status, failure = "failed", "rank 0 exited without a result"
     message = _last_line(failure or status)
@@ -359,8 +374,9 @@ def _warm_up(cfg: RunConfig) -> None:
     from workbench.core.data import load_data
     from workbench.engine import train  # noqa: F401  (the loop and what it imports)
 
-    # The same arguments as run() uses, so the children hit this cache.
-    load_data(cfg.data, seq_len=cfg.seq_len or 128, max_test=cfg.eval_samples or None, seed=cfg.seed)
+    # The same arguments as run() uses, so the children hit this cache (a dataset passed in is in memory).
+    if not custom.is_own_data(cfg.data):
+        load_data(cfg.data, seq_len=cfg.seq_len or 128, max_test=cfg.eval_samples or None, seed=cfg.seed)
 
 
 def _partial_result(cfg: RunConfig, name: str, status: str, message: str, steps: list[StepRecord],

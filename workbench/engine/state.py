@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 
 from workbench.core.config import RunConfig
-from workbench.core.models import MODEL_SPECS
 from workbench.engine import resume
 from workbench.measure.counters import (
     gradient_bytes,
@@ -48,6 +47,8 @@ class LoopState:
         """Names this run's checkpoints: a resumed run takes the id it saved, and a run never
         saves into a folder that holds another run's steps."""
         self.first_step_s: float | None = None
+        self.text = False
+        """The inputs are token ids (tokens/s is shown): text data, or a dataset of integer inputs."""
 
 
 class LossWindow:
@@ -123,7 +124,7 @@ def build_result(*, cfg: RunConfig, name: str, status: str, message: str, state:
                  eval_loss: float | None, accuracy: float | None, device: torch.device,
                  warnings: tuple[str, ...], wall_s: float, num_processes: int = 1) -> RunResult:
     """The RunResult of a finished (or stopped) loop: rates over the timed steps, exact counts."""
-    text = MODEL_SPECS[cfg.model].is_text
+    text = state.text
     timing = state.timing
     rates = timing.run_rates(flops_per_step=state.flops_per_step, text=text) if timing else None
     peak_bytes = meter.peak_bytes()
@@ -156,9 +157,10 @@ def build_result(*, cfg: RunConfig, name: str, status: str, message: str, state:
 
 
 @torch.no_grad()
-def evaluate(accelerator, model, dataset, cfg: RunConfig) -> tuple[float, float]:
+def evaluate(accelerator, model, dataset, cfg: RunConfig, *, collate_fn=None) -> tuple[float, float]:
     """Held-out loss and accuracy, in fp32 with autocast off (reduced precision is
-    for training speed; the reported accuracy should not depend on it)."""
+    for training speed; the reported accuracy should not depend on it). `collate_fn`: the
+    data's own (a dataset passed in), None for torch's default."""
     from workbench.core.data import build_dataloader
 
     plain = accelerator.unwrap_model(model, keep_fp32_wrapper=False)
@@ -167,7 +169,8 @@ def evaluate(accelerator, model, dataset, cfg: RunConfig) -> tuple[float, float]
     # processes would repeat samples to even out, and the reduced sums would count them.
     even_batches, accelerator.even_batches = accelerator.even_batches, False
     loader = accelerator.prepare_data_loader(
-        build_dataloader(dataset, batch_size=max(cfg.batch_size, 64), shuffle=False, seed=cfg.seed, drop_last=False)
+        build_dataloader(dataset, batch_size=max(cfg.batch_size, 64), shuffle=False, seed=cfg.seed, drop_last=False,
+                         collate_fn=collate_fn)
     )
     accelerator.even_batches = even_batches
     loss_sum = torch.zeros((), device=accelerator.device, dtype=torch.float64)

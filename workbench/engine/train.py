@@ -17,9 +17,9 @@ import traceback
 from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
 
-from workbench.core import hardware
+from workbench.core import custom, hardware
 from workbench.core.config import ConfigError, RunConfig
-from workbench.core.models import MODEL_SPECS, loss_fn
+from workbench.core.models import loss_fn
 from workbench.core.optim import make_optimizer
 from workbench.core.trainable import apply_trainable
 from workbench.engine import resume
@@ -117,7 +117,9 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
         keep_model: bool = False) -> RunResult:
     """Train one run and measure it. `keep_model=True` hands the trained model back in
     `result.model` (unwrapped, in eval mode), e.g. to quantize it; by default it is
-    dropped so a notebook of many runs does not hold every model in memory.
+    dropped so a notebook of many runs does not hold every model in memory. Your own
+    module (`RunConfig(model=MyNet())`) is deep-copied first and the copy trains: it is
+    never changed, and keep_model=True hands back the trained copy.
 
     Returns the RunResult of a finished run (status 'ok'), of one that ran out of memory
     ('oom': a real allocation failure or the simulated budget) and of one whose loss stopped
@@ -132,15 +134,19 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
         >>> result.status, len(result.losses) > 0
         ('ok', True)
     """
-    from workbench.core.data import build_dataloader, load_data
-    from workbench.core.models import build_model, set_activation_checkpointing, set_attention
+    from workbench.core.data import build_dataloader
+    from workbench.core.models import (
+        build_model,
+        set_activation_checkpointing,
+        set_attention,
+    )
     from workbench.measure.fit import check_fits
 
     if not isinstance(config, RunConfig):
         raise TypeError(f"config must be a RunConfig, got {type(config).__name__}; pass e.g. RunConfig(model='mlp')")
     cfg = config.resolved()
     sinks = _checked(sinks, name)
-    name = name or f"{cfg.model} {cfg.precision} b{cfg.batch_size}"
+    name = name or f"{custom.model_name(cfg.model)} {cfg.precision} b{cfg.batch_size}"
     check_fits(cfg)  # resources: refused with the estimate and the fix, before anything is allocated
 
     wall_start = time.perf_counter()
@@ -173,9 +179,12 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
             checkpoint = resume.check(accelerator, cfg, state) if cfg.resume_from else None
             if cfg.save_state_dir:
                 resume.check_folder(accelerator, cfg, state, from_step=checkpoint.step if checkpoint else 0)
-            bundle = load_data(cfg.data, seq_len=cfg.seq_len or 128, max_test=cfg.eval_samples or None, seed=cfg.seed)
-            # Every arm of a comparison starts from the same weights (seeded as they are drawn).
-            model = build_model(cfg.model, data=bundle, dims=cfg.dims, seed=cfg.seed)
+            bundle = custom.load_bundle(cfg)  # a built-in set, or your dataset (batches in the contract)
+            state.text = bundle.tokens_per_sample is not None  # token ids in: tokens/s is shown
+            # Every arm of a comparison starts from the same weights (seeded as they are drawn). Your own
+            # module: a deep copy trains (yours stays as it is), its forward checked on two samples first.
+            model = (build_model(cfg.model, data=bundle, dims=cfg.dims, seed=cfg.seed) if isinstance(cfg.model, str)
+                     else custom.checked_copy(cfg.model, bundle, seed=cfg.seed))
             set_activation_checkpointing(model, cfg.activation_checkpointing)  # technique: checkpointing
             set_attention(model, cfg.attention)  # technique: fused attention ('sdpa': F.scaled_dot_product_attention)
             # technique: train fewer parameters. A frozen parameter (freeze=, freeze_layers=) gets no
@@ -195,6 +204,7 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
                 bundle.train, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed,
                 num_workers=cfg.num_workers, pin_memory=cfg.pin_memory,  # technique: input pipeline
                 prefetch_factor=cfg.prefetch_factor, persistent_workers=cfg.persistent_workers,
+                collate_fn=bundle.collate_fn,
             )
             # prepare() moves the model and wraps its forward in autocast for fp16/bf16; the
             # GradScaler that accelerator.backward uses for fp16 was made with the Accelerator.
@@ -227,7 +237,7 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
                 _train(cfg, name, accelerator, trained, optimizer, loader, meter, peak, sinks, state)
             if cfg.eval_samples:
                 with gathered(model) if sharded else nullcontext():  # sharded: whole weights, no collective per batch
-                    eval_loss, accuracy = evaluate(accelerator, model, bundle.test, cfg)
+                    eval_loss, accuracy = evaluate(accelerator, model, bundle.test, cfg, collate_fn=bundle.collate_fn)
         except KeyboardInterrupt:
             status, message = "interrupted", f"stopped by the user at step {state.step}"
         except Diverged as error:
@@ -288,7 +298,7 @@ def _train(cfg, name, accelerator, model, optimizer, loader, meter, peak, sinks,
     """Fetch, forward, backward, step; at log steps measure, and tell the sinks."""
     from accelerate.utils import send_to_device
 
-    text = MODEL_SPECS[cfg.model].is_text
+    text = state.text
     model.train()
     meter.reset_peak()  # the peak from here on is this run's
     state.start_memory = meter.current_bytes()

@@ -18,7 +18,9 @@ The device matters to the peak (`device=`, default the config's): a GPU rounds e
 allocation to 512 bytes, runs softmax in fp32 under autocast, takes the optimizer's foreach
 form and keeps two cuBLAS workspaces; a CPU holds the data loader's next batch too.
 
-A GPT is replayed with two groups of blocks and scaled to its depth (the blocks are
+Your own module (`RunConfig(model=MyNet())`) is replayed whole on a fake copy of it
+(`measure.fakemodel`): its inputs' and labels' shapes from the data, its logits' from one fake
+forward. A GPT is replayed with two groups of blocks and scaled to its depth (the blocks are
 identical, so every moment's live bytes are affine in the number of groups between them).
 
 `accelerate_estimate(config)` is 🤗 accelerate's `estimate-memory` rule on the same model,
@@ -36,14 +38,18 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+import torch
+
+from workbench.core import custom
 from workbench.core.config import RunConfig
 from workbench.core.data import DATASETS
 from workbench.core.models import MODEL_SPECS
 from workbench.core.precisions import DTYPES
 from workbench.core.report import Report, counted_rows, format_bytes
 from workbench.measure import fakestep
+from workbench.measure.fakemodel import ModuleKey, cannot_trace, own_spec_key
 
-__all__ = ["Estimate", "accelerate_estimate", "estimate", "input_spec"]
+__all__ = ["Estimate", "accelerate_estimate", "estimate", "input_spec", "model_key"]
 
 _BYTE_VOCAB = 256  # the byte-level language-modelling data
 
@@ -127,7 +133,7 @@ class Estimate(Report):
             fewer += f", {self.trainable_parameter_count:,} of them trained"
         if self.processes > 1:
             fewer += f", model state: one of {self.processes} processes' shares"
-        return (f"{c.model} {self.parameter_count / 1e6:,.1f}M params{fewer}, {c.precision}, micro-batch "
+        return (f"{custom.model_name(c.model)} {self.parameter_count / 1e6:,.1f}M params{fewer}, {c.precision}, micro-batch "
                 f"{c.batch_size} x {c.grad_accum_steps}, checkpointing {c.activation_checkpointing}, "
                 f"on {self.device}")
 
@@ -139,6 +145,8 @@ def input_spec(config: RunConfig, *, vocab_size: int | None = None) -> SimpleNam
     model on paper; such a model cannot train on the workbench's byte data).
     """
     cfg = config.resolved()
+    if not isinstance(cfg.model, str):
+        return _own_input_spec(cfg, vocab_size)
     if cfg.data.startswith("hub:"):
         raise ValueError(f"data={cfg.data!r}: estimate() needs a built-in data set's shape; "
                          f"estimate with data='mnist' or 'rotten_tomatoes_lm' of the same shape")
@@ -155,8 +163,37 @@ def input_spec(config: RunConfig, *, vocab_size: int | None = None) -> SimpleNam
                            num_classes=None, vocab_size=vocab_size or _BYTE_VOCAB, pad_token_id=None)
 
 
-def _spec_key(spec: SimpleNamespace) -> tuple:
+def _own_input_spec(cfg: RunConfig, vocab_size: int | None) -> SimpleNamespace:
+    """Your own module's data, without loading it: one sample's inputs and labels as (shape,
+    dtype), from a built-in set's catalog entry or the first items of the dataset passed in."""
+    if vocab_size is not None:
+        raise ValueError(f"vocab_size={vocab_size} sizes the built-in GPT; model={custom.shown_model(cfg.model)} "
+                         "has its own vocabulary: leave vocab_size unset")
+    data = cfg.data
+    if custom.is_own_data(data):
+        form = custom.read_data(data)
+        inputs, labels = (form.inputs_shape, form.inputs_dtype), (form.labels_shape, torch.long)
+    elif data.startswith("hub:"):
+        raise ValueError(f"data={data!r}: estimate() needs the data's shape, unknown offline for a hub set; "
+                         "estimate with a built-in data set or a Dataset of the same shape")
+    elif (info := DATASETS[data]).task == "image_classification":
+        inputs, labels = (info.input_shape, torch.float32), ((), torch.long)
+    else:  # token ids; a language model's labels are the next tokens, a classifier's one label
+        inputs = ((cfg.seq_len,), torch.long)
+        labels = ((cfg.seq_len,) if info.task == "language_modeling" else (), torch.long)
+    return SimpleNamespace(name=custom.describe_data(data), task="custom", inputs=inputs, labels=labels,
+                           input_shape=inputs[0], num_classes=None, vocab_size=None, pad_token_id=None)
+
+
+def _spec_key(spec: SimpleNamespace, model: Any = None) -> tuple:
+    if spec.task == "custom":  # the logits' shape comes from one forward of the module on fake tensors
+        return own_spec_key(model, spec.inputs, spec.labels)
     return (spec.task, tuple(spec.input_shape), spec.num_classes, spec.vocab_size)
+
+
+def model_key(cfg: RunConfig) -> str | ModuleKey:
+    """The model as the estimate's caches take it: its name, or a key for your own module."""
+    return cfg.model if isinstance(cfg.model, str) else ModuleKey(cfg.model)
 
 
 def _freeze(dims: dict[str, Any]) -> tuple:
@@ -211,7 +248,9 @@ def estimate(config: RunConfig, *, vocab_size: int | None = None, device: str | 
 
     Args:
         config: the run (model, dims, micro-batch, seq_len, precision, optimizer,
-            accumulation, checkpointing). Models: 'mlp', 'cnn', 'gpt'.
+            accumulation, checkpointing). Models: 'mlp', 'cnn', 'gpt', or your own module,
+            replayed whole on a fake copy (its forward must not read the data's values:
+            `fakemodel.CannotTrace`, a ValueError, says so where it does).
         vocab_size: GPT only, to size a model whose vocabulary is not the byte data's 256.
         device: 'cpu' or 'cuda', the device whose step to predict; default the config's.
         processes: the processes a sharding='full' config runs on; its model-state bytes are
@@ -234,18 +273,24 @@ def estimate(config: RunConfig, *, vocab_size: int | None = None, device: str | 
         raise ValueError(f"processes={processes!r} must be a whole number >= 1; pass e.g. processes=2")
     if cfg.sharding != "none" and processes < 2:
         raise ValueError(f"sharding={cfg.sharding!r} splits the model state across processes; pass processes=2 or more")
-    spec_key = _spec_key(input_spec(cfg, vocab_size=vocab_size))
+    model = model_key(cfg)
+    spec_key = _spec_key(input_spec(cfg, vocab_size=vocab_size), model)
     dims = _freeze(cfg.dims)
     trainable = tuple(getattr(cfg, name) for name in fakestep.TRAINABLE_FIELDS)
     shard = (processes, 0) if cfg.sharding != "none" else (1, 0)
-    state = fakestep.model_state(cfg.model, spec_key, dims, cfg.optimizer, float(cfg.weight_decay),
-                                 bool(cfg.max_grad_norm), device, trainable, shard)
     group, replayed, scaled = _groups(cfg)
-    if cfg.model == "gpt":  # the replayed layers, and how they compute attention (RunConfig.attention)
-        dims = _freeze({**cfg.dims, "n_layer": replayed, "attention": cfg.attention})
     micro_batches = 2 if cfg.grad_accum_steps > 1 else 1
-    sim = fakestep.simulate(cfg.model, spec_key, dims, cfg.precision, cfg.activation_checkpointing,
-                            batch=cfg.batch_size, micro_batches=micro_batches, device=device, group=group)
+    try:
+        state = fakestep.model_state(model, spec_key, dims, cfg.optimizer, float(cfg.weight_decay),
+                                     bool(cfg.max_grad_norm), device, trainable, shard)
+        if cfg.model == "gpt":  # the replayed layers, and how they compute attention (RunConfig.attention)
+            dims = _freeze({**cfg.dims, "n_layer": replayed, "attention": cfg.attention})
+        sim = fakestep.simulate(model, spec_key, dims, cfg.precision, cfg.activation_checkpointing,
+                                batch=cfg.batch_size, micro_batches=micro_batches, device=device, group=group)
+    except Exception as error:
+        if isinstance(model, str) or isinstance(error, ValueError):
+            raise
+        raise cannot_trace(model.name, error) from None  # your module's step, beyond its first forward
     flops, saved = sim.flops, sim.saved_bytes
     if scaled:  # what one more group adds: its forward (F0 to F1) and its backward (B1 to B0)
         f0, f1, b1, b0 = (sim.marks[f"{k}.1"] for k in ("F0", "F1", "B1", "B0"))
@@ -271,7 +316,7 @@ def estimate(config: RunConfig, *, vocab_size: int | None = None, device: str | 
         optimizer_state_bytes=state.optimizer_state_bytes, activation_bytes=saved,
         flops_per_step=flops * cfg.grad_accum_steps, peak_bytes=state.resident_bytes + peak + runtime,
         peak_at=where, resident_bytes=state.resident_bytes, runtime_bytes=runtime, device=device,
-        vocab_size=spec_key[3], method=f"{method}; steady-state step on {device}", ops=step_ops,
+        vocab_size=None if spec_key[0] == "custom" else spec_key[3], method=f"{method}; steady-state step on {device}", ops=step_ops,
         trainable_parameter_count=state.trainable_parameter_count, processes=shard[0],
     )
 
@@ -289,9 +334,10 @@ def accelerate_estimate(config: RunConfig, *, vocab_size: int | None = None) -> 
     from accelerate.utils import calculate_maximum_sizes
 
     cfg = config.resolved()
-    spec_key = _spec_key(input_spec(cfg, vocab_size=vocab_size))
+    key = model_key(cfg)
+    spec_key = _spec_key(input_spec(cfg, vocab_size=vocab_size), key)
     with fakestep._fake_mode():
-        model = fakestep.build(cfg.model, spec_key, _freeze(cfg.dims))
+        model = fakestep.build(key, spec_key, _freeze(cfg.dims))
         total, largest = calculate_maximum_sizes(model)
     dtype = str(DTYPES[cfg.precision]).removeprefix("torch.")  # accelerate's names: float32, bfloat16, ...
     usage = estimate_training_usage(total, dtype)

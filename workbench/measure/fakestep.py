@@ -46,6 +46,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from workbench.core.precisions import AUTOCAST_DTYPES
+from workbench.measure.fakemodel import ModuleKey, fake_copy, fake_mode, sample
 from workbench.measure.live import CUDA_BLOCK_BYTES, LiveTensors
 from workbench.measure.meters import LOSS_WINDOW_SLOTS
 
@@ -82,19 +83,17 @@ class _CudaAutocastPolicy(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-@functools.cache
-def _fake_mode():
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    # Plain CPU fake tensors: CPU autocast applies to them (it would not to 'meta' ones).
-    # One mode for every estimate: it caches each op's output shapes.
-    return FakeTensorMode(allow_non_fake_inputs=False)
+_fake_mode = fake_mode  # the one FakeTensorMode of every estimate (measure/fakemodel.py)
 
 
-def build(model_name: str, spec_key: tuple, dims: tuple) -> nn.Module:
-    """The model on fake tensors (call inside `_fake_mode()`). `dims` may carry the GPT's
-    `attention` ('explicit' or 'sdpa', RunConfig.attention) beside its sizes."""
+def build(model_name: str | ModuleKey, spec_key: tuple, dims: tuple) -> nn.Module:
+    """The model on fake tensors (call inside `_fake_mode()`): a built-in one by name, or a copy
+    of the learner's module (`ModuleKey`). `dims` may carry the GPT's `attention` ('explicit' or
+    'sdpa', RunConfig.attention) beside its sizes."""
     from workbench.core.models import build_model, set_attention
+
+    if isinstance(model_name, ModuleKey):
+        return fake_copy(model_name.module())
 
     task, shape, classes, vocab = spec_key
     spec = SimpleNamespace(name="estimate", task=task, input_shape=shape, num_classes=classes,
@@ -190,7 +189,9 @@ def model_state(model_name: str, spec_key: tuple, dims: tuple, optimizer: str, w
         params = [p for p in held if p.requires_grad]
         for p in params:  # what a backward leaves: one gradient per trainable parameter
             p.grad = torch.zeros_like(p)
-        opt = make_optimizer(held, RunConfig(model=model_name, optimizer=optimizer, weight_decay=weight_decay).resolved())
+        # (only the optimizer's fields matter here: a learner's module stands in as the MLP)
+        named = model_name if isinstance(model_name, str) else "mlp"
+        opt = make_optimizer(held, RunConfig(model=named, optimizer=optimizer, weight_decay=weight_decay).resolved())
         for group in opt.param_groups:
             group["foreach"] = foreach
         live = LiveTensors(round_to=CUDA_BLOCK_BYTES if device == "cuda" else 1)
@@ -261,7 +262,10 @@ class Simulation(NamedTuple):
     """Per micro-batch: (FLOPs, bytes, dtype) of each op, from the forward to the backward's end."""
 
 
-def _inputs(task: str, shape: tuple, batch: int) -> dict[str, torch.Tensor]:
+def _inputs(spec_key: tuple, batch: int) -> dict[str, torch.Tensor]:
+    task, shape = spec_key[:2]
+    if task == "custom":  # ('custom', (inputs' shape, dtype), (labels' shape, dtype), logits' shape)
+        return {"inputs": sample(spec_key[1], batch), "labels": sample(spec_key[2], batch)}
     if task == "language_modeling":
         return {"inputs": torch.zeros(batch, *shape, dtype=torch.long), "labels": torch.zeros(batch, *shape, dtype=torch.long)}
     return {"inputs": torch.zeros(batch, *shape), "labels": torch.zeros(batch, dtype=torch.long)}
@@ -269,6 +273,8 @@ def _inputs(task: str, shape: tuple, batch: int) -> dict[str, torch.Tensor]:
 
 def _logits_shape(spec_key: tuple, batch: int) -> tuple[int, ...]:
     task, shape, classes, vocab = spec_key
+    if task == "custom":
+        return (batch, *vocab)
     return (batch, *shape, vocab) if task == "language_modeling" else (batch, classes)
 
 
@@ -321,7 +327,6 @@ def _replay(model_name: str, spec_key: tuple, dims: tuple, precision: str, check
     from workbench.core.models import loss_fn, set_activation_checkpointing
     from workbench.measure.counters import FlopCounter, SavedActivationCounter
 
-    task = spec_key[0]
     with _fake_mode():
         model = build(model_name, spec_key, dims)
         set_activation_checkpointing(model, checkpointing)
@@ -365,8 +370,8 @@ def _replay(model_name: str, spec_key: tuple, dims: tuple, precision: str, check
                 # also the batch accelerate's loader has fetched ahead.
                 logits = torch.empty(_logits_shape(spec_key, batch))
                 loss = torch.zeros(())
-                batch_now = _inputs(task, spec_key[1], batch)
-                ahead = _inputs(task, spec_key[1], batch) if device == "cpu" else None
+                batch_now = _inputs(spec_key, batch)
+                ahead = _inputs(spec_key, batch) if device == "cpu" else None
                 # The loop's loss window (its slots and three running figures, for the whole run);
                 # fp16's GradScaler keeps its scale, its growth tracker and the last step's
                 # found-inf flag: scalars, but live too.
@@ -379,7 +384,7 @@ def _replay(model_name: str, spec_key: tuple, dims: tuple, precision: str, check
                     state.micro = micro
                     counting = micro == 1
                     # fetch: a CPU loader collates the batch after next; a GPU gets a device copy
-                    fresh = _inputs(task, spec_key[1], batch)
+                    fresh = _inputs(spec_key, batch)
                     if ahead is not None:
                         batch_now, ahead = ahead, fresh
                     else:

@@ -11,9 +11,11 @@ Two steps, so a normal run pays nothing:
    optimizer state, buffers (a GPT's s x s masks) and the textbook activation count;
    a run whose floor is under a tenth of the free memory goes ahead, and one whose floor
    alone exceeds it is refused ("needs at least");
-2. in between, the estimate: `estimate.estimate()` on fake tensors for mlp, cnn and gpt
-   (about a second), and for the pretrained MiniLM a bound from its config.json (the tensors
-   one layer saves, counted on the real model once: see `_minilm_layer_bytes`).
+2. in between, the estimate: `estimate.estimate()` on fake tensors for mlp, cnn, gpt and your
+   own module (about a second), and for the pretrained MiniLM a bound from its config.json (the
+   tensors one layer saves, counted on the real model once: see `_minilm_layer_bytes`).
+Your own module's floor is its real parameter bytes: weights, and for what trains a gradient
+and the optimizer's state.
 
 "Free" is the least of: the memory the OS reports available, a cgroup's limit less its
 use, and this process's address-space limit (RLIMIT_AS) less its size. On a GPU the model
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import resource
 from dataclasses import dataclass
+from typing import Any
 
 from workbench.core.config import ConfigError, RunConfig
 from workbench.core.data import DATASETS
@@ -150,8 +153,21 @@ def _activation_floor(cfg: RunConfig) -> int:
     return total
 
 
+def _own_floor(model: Any, optimizer: str) -> Need:
+    """Your own module's state, from its real tensors: its weights, and for what trains a
+    gradient and the optimizer's state (no activations: they depend on its forward)."""
+    params = {id(p): p for p in model.parameters()}.values()
+    trained = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
+    weights = sum(p.numel() * p.element_size() for p in params)
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    count = sum(p.numel() for p in params if p.requires_grad)
+    return Need(weights + trained + _optimizer_bytes(count, optimizer), buffers, 0, "closed-form floor")
+
+
 def floor_bytes(cfg: RunConfig) -> Need:
     """A closed-form lower bound of what one process of `cfg` (resolved) needs; no torch work."""
+    if not isinstance(cfg.model, str):
+        return _own_floor(cfg.model, cfg.optimizer)
     params, buffers = _parameters(cfg)
     state = params * 8 + _optimizer_bytes(params, cfg.optimizer)  # fp32 weights and gradients
     return Need(state, buffers, _activation_floor(cfg), "closed-form floor")
@@ -213,6 +229,9 @@ def _fix(cfg: RunConfig, need: Need) -> str:
     """What to change, for the part that dominates."""
     largest = max(("model_state", need.model_state), ("buffers", need.buffers),
                   ("activations", need.activations), key=lambda part: part[1])[0]
+    if not isinstance(cfg.model, str):  # your own module: its size and its forward are yours
+        return (f"lower batch_size (now {cfg.batch_size})" if largest == "activations" else
+                "use a smaller model" + (", or optimizer='sgd'" if cfg.optimizer != "sgd" else ""))
     if largest == "buffers":
         return f"lower seq_len (now {cfg.seq_len}): each of the {cfg.dims.get('n_layer')} layers keeps a seq_len² mask"
     if largest == "model_state":
@@ -234,12 +253,19 @@ def check_fits(config: RunConfig, *, processes: int = 1) -> None:
 
     cfg = config.resolved()
     free = free_bytes()
-    if free is None or (cfg.data not in DATASETS and cfg.model != "minilm"):
+    hub = isinstance(cfg.data, str) and cfg.data not in DATASETS
+    if free is None or (hub and cfg.model != "minilm"):
         return  # nothing to hold it against, or a hub data set of unknown shape
     if hardware.resolve_device(cfg.device) == "cuda":
         # The host builds the model before it moves: its weights and buffers, counted exactly.
-        params, buffers = _parameters(cfg)
-        need, where = Need(params * 4, buffers, 0, "weights and buffers, built on the host"), "host memory"
+        # (Your own module: the copy a run makes of it.)
+        if isinstance(cfg.model, str):
+            params, buffers = _parameters(cfg)
+            weights = params * 4
+        else:
+            weights = sum(p.numel() * p.element_size() for p in cfg.model.parameters())
+            buffers = sum(b.numel() * b.element_size() for b in cfg.model.buffers())
+        need, where = Need(weights, buffers, 0, "weights and buffers, built on the host"), "host memory"
     else:
         floor = floor_bytes(cfg)
         if floor.total * processes * _FAR_BELOW < free:

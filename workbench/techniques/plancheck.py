@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.core import custom
 from workbench.core.config import RunConfig
-from workbench.core.data import train_size
 from workbench.core.report import Report, figure_html, format_bytes
 from workbench.measure.estimate import estimate
 from workbench.techniques.planning import Plan, Target
@@ -49,7 +49,7 @@ def max_micro_batch(config: RunConfig, *, target: Target, vocab_size: int | None
         return 0
     per_sample = max(1, two - one)
     b = 1 + (target.usable_bytes - one) // per_sample
-    b = min(b, train_size(base.data, base.seq_len) or b)
+    b = min(b, custom.train_count(base.data, base.seq_len) or b)
     if at(b) <= target.usable_bytes:
         return int(b)
     fits, over = 1, b  # at(fits) fits, at(over) does not

@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.core import custom
 from workbench.core.config import ConfigError, RunConfig
 from workbench.core.optim import OPTIMIZERS
 from workbench.core.report import Report, format_bytes
@@ -300,7 +301,8 @@ def plan(config: RunConfig, *, target: Target, effective_batch: int | None = Non
     """Estimate every combination and rank them: fitting plans fastest first.
 
     Args:
-        config: the baseline run (model, dims, seq_len, data, optimizer).
+        config: the baseline run (model, dims, seq_len, data, optimizer); the model may be your
+            own module (replayed whole on fake tensors, see estimate()).
         target: the device to fit (Target.gpu or Target.this_machine).
         effective_batch: samples per optimizer step every plan keeps (micro-batch x
             accumulation); default: the config's batch_size x grad_accum_steps.
@@ -323,9 +325,10 @@ def plan(config: RunConfig, *, target: Target, effective_batch: int | None = Non
     precisions = list(precisions or target.peak_flops)
     if bad := [p for p in precisions if p not in target.peak_flops]:
         raise ValueError(f"precisions {bad} cannot run on {target.name}; use some of {list(target.peak_flops)}")
-    checkpointing = list(checkpointing or (("none", "every_other", "all") if base.model == "gpt" else ("none",)))
-    if base.model != "gpt" and set(checkpointing) != {"none"}:
-        raise ValueError(f"checkpointing {checkpointing} needs a model with blocks; model={base.model!r} "
+    gpt = isinstance(base.model, str) and base.model == "gpt"
+    checkpointing = list(checkpointing or (("none", "every_other", "all") if gpt else ("none",)))
+    if not gpt and set(checkpointing) != {"none"}:
+        raise ValueError(f"checkpointing {checkpointing} needs a model with blocks; model={custom.shown_model(base.model)} "
                          f"takes checkpointing=('none',)")
     if bad := [c for c in checkpointing if c not in ("none", "every_other", "all")]:
         raise ValueError(f"checkpointing {bad} is not known; use some of 'none', 'every_other', 'all'")

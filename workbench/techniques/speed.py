@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 import torch
 
+from workbench.core import custom
 from workbench.measure.estimate import Estimate
 
 __all__ = ["MeasuredHere", "Roofline", "SpeedModel"]
@@ -79,7 +80,7 @@ class MeasuredHere:
 
     def step_time(self, est: Estimate) -> float:
         cfg = est.config
-        key = (cfg.model, cfg.data, cfg.seq_len, repr(cfg.dims), est.vocab_size)
+        key = _shape_key(cfg, est.vocab_size)
         micro = (*key, cfg.precision, cfg.activation_checkpointing, cfg.batch_size)
         if micro not in self._micro:
             self._micro[micro] = self._time(cfg, est.vocab_size, optimizer_step=False)
@@ -100,14 +101,17 @@ class MeasuredHere:
 
         spec = input_spec(cfg, vocab_size=vocab_size)
         with torch.random.fork_rng():  # timing must not move the global RNG the runs draw from
-            key = (cfg.model, cfg.data, cfg.seq_len, repr(cfg.dims), vocab_size)
+            key = _shape_key(cfg, vocab_size)
             if key not in self._models:  # one model per shape; plans differ in how it is run
-                self._models[key] = build_model(cfg.model, data=spec, dims=cfg.dims, seed=0)
+                self._models[key] = (build_model(cfg.model, data=spec, dims=cfg.dims, seed=0)
+                                     if isinstance(cfg.model, str) else custom.model_copy(cfg.model, seed=0))
             model = self._models[key]
             set_activation_checkpointing(model, cfg.activation_checkpointing)
             model.train()
             b, shape = cfg.batch_size, tuple(spec.input_shape)
-            if spec.task == "language_modeling":
+            if spec.task == "custom":  # your module: timed on b real samples of its data
+                inputs, labels = _real_batch(cfg, b)
+            elif spec.task == "language_modeling":
                 inputs = torch.randint(0, spec.vocab_size, (b, *shape))
                 labels = torch.randint(0, spec.vocab_size, (b, *shape))
             else:
@@ -135,3 +139,20 @@ class MeasuredHere:
                 best = min(best, time.perf_counter() - start)
             model.zero_grad(set_to_none=True)
             return best
+
+
+def _shape_key(cfg: Any, vocab_size: int | None) -> tuple:
+    """What fixes the model and its inputs' shapes (a dataset passed in: by identity)."""
+    from workbench.measure.estimate import model_key
+
+    data = cfg.data if isinstance(cfg.data, str) else id(cfg.data)
+    return model_key(cfg), data, cfg.seq_len, repr(cfg.dims), vocab_size
+
+
+def _real_batch(cfg: Any, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`batch` training samples of the config's data (from the first, round again if it is
+    smaller), in the {"inputs", "labels"} contract."""
+    data = custom.load_bundle(cfg)
+    collate = data.collate_fn or custom.ContractBatches()
+    got = collate([data.train[i % len(data.train)] for i in range(batch)])
+    return got["inputs"], got["labels"]

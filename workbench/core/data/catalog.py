@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -118,8 +118,8 @@ class DataBundle:
 
     name: str
     task: Task
-    train: TensorDictDataset
-    test: TensorDictDataset
+    train: TorchDataset
+    test: TorchDataset
     num_classes: int | None
     """Classes for classification; None for language modelling (see vocab_size)."""
     input_shape: tuple[int, ...]
@@ -128,6 +128,9 @@ class DataBundle:
     pad_token_id: int | None
     tokens_per_sample: int | None
     """Tokens one example feeds the model (for tokens/s); None for images."""
+    collate_fn: Any = None
+    """How its items become a batch (None: torch's default); a dataset passed in as `data=`
+    brings its own, which puts every batch in the {"inputs", "labels"} contract."""
 
 
 def minilm_dir() -> Path:

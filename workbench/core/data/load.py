@@ -61,15 +61,16 @@ def load_data(name: str, *, seq_len: int = 128, max_train: int | None = None,
 
 def build_dataloader(dataset: TorchDataset, *, batch_size: int, shuffle: bool, seed: int,
                      num_workers: int = 0, pin_memory: bool = False, prefetch_factor: int | None = None,
-                     persistent_workers: bool = False, drop_last: bool = True) -> DataLoader:
-    """A DataLoader whose shuffling order depends only on `seed`.
+                     persistent_workers: bool = False, drop_last: bool = True,
+                     collate_fn: Callable[[list], Any] | None = None) -> DataLoader:
+    """A DataLoader whose shuffling order depends only on `seed` (`collate_fn`: None for torch's default).
 
     Example:
         >>> loader = build_dataloader(load_data("digits").train, batch_size=32, shuffle=True, seed=0)
         >>> {k: v.shape for k, v in next(iter(loader)).items()}
         {'inputs': torch.Size([32, 1, 8, 8]), 'labels': torch.Size([32])}
     """
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {} if collate_fn is None else {"collate_fn": collate_fn}
     if num_workers > 0:  # DataLoader rejects these without worker processes
         kwargs.update(prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
                       multiprocessing_context=_worker_context())
