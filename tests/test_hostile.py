@@ -570,11 +570,15 @@ def test_ctrl_c_during_a_worker_fork_stops_the_run_instead_of_being_swallowed():
 
     os.register_at_fork(after_in_parent=interrupt_in_the_fork)
     sink = RecordingSink()
+    # Python's own Ctrl-C handler, as in a notebook kernel or a terminal: a process started in the
+    # background by a non-interactive shell inherits SIGINT ignored (seen here: pytest run with `&`)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(RunInterrupted) as stopped:
             run(RunConfig(**TINY, num_workers=1), sinks=[sink])
     finally:
         armed.clear()
+        signal.signal(signal.SIGINT, previous)
     assert stopped.value.result.status == "interrupted" and sink.ends[-1].status == "interrupted"
     assert run(RunConfig(**TINY, num_workers=1), sinks=[]).status == "ok"  # the workers were not left behind
 

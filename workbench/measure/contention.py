@@ -96,6 +96,8 @@ class OtherWork:
     cpu_s: float | None = None
     """Their CPU seconds (None: no /proc/stat, not Linux)."""
     wall_s: float = 0.0
+    own_s: float = 0.0
+    """CPU seconds of this process and its finished children over the block (not counted above)."""
 
     @property
     def cores(self) -> float | None:
@@ -147,9 +149,9 @@ def other_work() -> Iterator[OtherWork]:
         yield result
     finally:
         result.wall_s = time.perf_counter() - wall0
-        busy1 = _machine_busy_s()
+        busy1, result.own_s = _machine_busy_s(), _own_tree_s() - own0
         if busy0 is not None and busy1 is not None:
-            result.cpu_s = max(0.0, (busy1 - busy0) - (_own_tree_s() - own0))
+            result.cpu_s = max(0.0, (busy1 - busy0) - result.own_s)
 
 
 @dataclass(frozen=True, slots=True)
