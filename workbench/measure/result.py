@@ -85,7 +85,8 @@ class RunResult:
     """Achieved over peak FLOP/s; None where there is no honest peak (peak_flops_source says why)."""
     peak_flops_source: str
     data_wait_fraction: float | None
-    """Share of the timed steps spent waiting for the next batch."""
+    """Share of the timed steps spent waiting for the next batch on the host (the loader's
+    fetch; the copy to a GPU is not counted: it waits for the GPU's queued work)."""
     memory: MemoryBreakdown | None
     eval_loss: float | None
     accuracy: float | None
