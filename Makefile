@@ -1,7 +1,7 @@
 # The two commands of the README. Both install what is missing first (scripts/setup.sh).
 PY := $(if $(VIRTUAL_ENV)$(CONDA_PREFIX),python,.venv/bin/python)
 
-.PHONY: lab test test-presets setup browser benchmark gpu-check preflight learner-copies
+.PHONY: lab test test-presets setup browser benchmark gpu-check preflight learner-copies run-all
 
 setup:
 	@bash scripts/setup.sh lab,test,quantization
@@ -28,6 +28,11 @@ benchmark: setup
 # A workshop machine in under 30 s: packages, data, hardware (what it emulates), one run.
 preflight: setup
 	OMP_NUM_THREADS=1 $(PY) -m workbench.preflight
+
+# Run All in a real JupyterLab (headless Chromium), notebook by notebook, as a learner does:
+# `make run-all PRESET=cpu` (default cpu-quick); screenshots and summary.json in test-artifacts/run-all/.
+run-all: setup browser
+	$(PY) scripts/lab_run_all.py --preset $(or $(PRESET),cpu-quick)
 
 # The learners' copies (no outputs, no `solution` cells) in learners/: what a teacher hands out.
 learner-copies:
