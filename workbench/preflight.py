@@ -121,6 +121,13 @@ def _hardware() -> list[Finding]:
         else:
             detail = f"{support} on {gpu.name if gpu else device}"
         found.append(Finding(precision, "ok" if support == "native" else "note", detail))
+    if device == "cpu":  # notebook 05: torch.ao's int8 kernels are fast only with VNNI
+        kernels = hardware.int8_kernels()
+        fast = hardware.int8_speedup_expected(device)
+        found.append(Finding("int8", "ok" if fast else "note",
+                             f"torch.ao's int8 kernels run on {kernels} here: "
+                             + ("VNNI, dynamic INT8 is expected to beat fp32" if fast else
+                                "no VNNI, so notebook 05 measures int8's speed and shows it, without claiming a speed-up")))
     return found
 
 
