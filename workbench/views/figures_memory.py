@@ -22,6 +22,10 @@ class Picture:
     def __init__(self, figure: Any) -> None:
         self.figure = figure
 
+    def __repr__(self) -> str:  # stable text (no address), for notebooks whose outputs are compared
+        titles = "; ".join(ax.get_title() for ax in self.figure.axes if ax.get_title())
+        return f"Picture({titles!r})"
+
     def _repr_png_(self) -> bytes:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
 
@@ -65,7 +69,8 @@ def stored_vs_recomputed(blocks: Sequence[str], stored: Sequence[int], kept: Seq
     ax.set_xticks(list(x), list(blocks))
     ax.set_ylabel("MiB per step")
     ax.set_title("What each block keeps for backward (exact counts)")
-    ax.legend(fontsize=8)
+    ax.set_ylim(0, max(stored) / MIB * 1.4)  # room for the legend above the bars
+    ax.legend(fontsize=8, loc="upper center", ncol=2)
     fig.tight_layout()
     return Picture(fig)
 
