@@ -1,0 +1,112 @@
+"""Pictures for notebooks 03 and 05: what each block keeps for backward, with and without
+checkpointing; and a Linear layer's weights against the int8 grid they are rounded to.
+
+The numbers come from the caller (exact counts from `measure.counters`, the quantized
+layer's own scale and zero point): this module only draws. Each function returns a
+`Picture`, which Jupyter shows as a PNG (matplotlib's Agg into a bare `Figure`: pyplot's
+global state is never touched) and whose `.figure` a test can read.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from typing import Any
+
+MIB = 2**20
+
+
+class Picture:
+    """A matplotlib Figure that Jupyter renders as a PNG."""
+
+    def __init__(self, figure: Any) -> None:
+        self.figure = figure
+
+    def __repr__(self) -> str:  # stable text (no address), for notebooks whose outputs are compared
+        titles = "; ".join(ax.get_title() for ax in self.figure.axes if ax.get_title())
+        return f"Picture({titles!r})"
+
+    def _repr_png_(self) -> bytes:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        buffer = io.BytesIO()
+        FigureCanvasAgg(self.figure).print_png(buffer)
+        return buffer.getvalue()
+
+
+def stored_vs_recomputed(blocks: Sequence[str], stored: Sequence[int], kept: Sequence[int]) -> Picture:
+    """Per block: bytes saved for backward without checkpointing, and with it the bytes kept
+    (the block's input) and rebuilt in backward (the rest). All three in MiB.
+
+    Args:
+        blocks: a label per block.
+        stored: bytes each block saves for backward, not checkpointed (exact counts).
+        kept: bytes each block keeps when checkpointed (exact counts), each <= its `stored`.
+
+    Example:
+        >>> pic = stored_vs_recomputed(["block 0"], stored=[4 * MIB], kept=[MIB])
+        >>> [float(round(b.get_height(), 2)) for b in pic.figure.axes[0].patches]
+        [4.0, 1.0, 3.0]
+    """
+    if not (len(blocks) == len(stored) == len(kept)) or not blocks:
+        raise ValueError(f"blocks, stored and kept must be equally long and not empty: got {len(blocks)}, "
+                         f"{len(stored)}, {len(kept)}; pass one figure per block")
+    if any(k > s for s, k in zip(stored, kept)):
+        raise ValueError("a checkpointed block cannot keep more than it saves uncheckpointed: check stored and kept")
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 3.2))
+    ax = fig.subplots()
+    x = range(len(blocks))
+    width = 0.38
+    ax.bar([i - width / 2 for i in x], [s / MIB for s in stored], width, color="C0",
+           label="not checkpointed: saved for backward")
+    ax.bar([i + width / 2 for i in x], [k / MIB for k in kept], width, color="C1",
+           label="checkpointed: kept (the block's input)")
+    ax.bar([i + width / 2 for i in x], [(s - k) / MIB for s, k in zip(stored, kept)], width,
+           bottom=[k / MIB for k in kept], color="none", edgecolor="C1", hatch="//",
+           label="checkpointed: rebuilt in backward")
+    ax.set_xticks(list(x), list(blocks))
+    ax.set_ylabel("MiB per step")
+    ax.set_title("What each block keeps for backward (exact counts)")
+    ax.set_ylim(0, max(stored) / MIB * 1.4)  # room for the legend above the bars
+    ax.legend(fontsize=8, loc="upper center", ncol=2)
+    fig.tight_layout()
+    return Picture(fig)
+
+
+def weight_grid(weights: Sequence[float], *, scale: float, zero_point: int, qmin: int = -128, qmax: int = 127,
+                zoom_steps: int = 6) -> Picture:
+    """Histogram of a layer's fp32 weights with the integer grid `scale * (q - zero_point)`,
+    q in [qmin, qmax], that quantization rounds them to: the whole range (its ends, where
+    values would be clipped, marked) and a zoom on `zoom_steps` grid steps either side of 0.
+
+    Example:
+        >>> pic = weight_grid([-0.5, 0.0, 0.25, 0.5], scale=0.5 / 127, zero_point=0)
+        >>> len(pic.figure.axes)
+        2
+    """
+    if not scale > 0:
+        raise ValueError(f"scale={scale!r} must be > 0: pass the quantized layer's q_scale()")
+    if not qmin < qmax:
+        raise ValueError(f"qmin={qmin} must be below qmax={qmax}")
+    from matplotlib.figure import Figure
+
+    values = [float(w) for w in weights]
+    low, high = scale * (qmin - zero_point), scale * (qmax - zero_point)
+    fig = Figure(figsize=(11, 3.2))
+    whole, zoom = fig.subplots(1, 2)
+    whole.hist(values, bins=200, color="C0")
+    for end in (low, high):
+        whole.axvline(end, color="C3", linewidth=1)
+    whole.set_title(f"{len(values):,} weights; int8 range {low:.3g} .. {high:.3g} (red)", fontsize=9)
+    whole.set_xlabel("weight value")
+    span = zoom_steps * scale
+    near = [v for v in values if -span <= v <= span]
+    zoom.hist(near, bins=zoom_steps * 2 * 8, range=(-span, span), color="C0")
+    for q in range(-zoom_steps, zoom_steps + 1):
+        zoom.axvline(q * scale, color="C3", linewidth=0.8, alpha=0.7)
+    zoom.set_title(f"zoom: the grid, one line per integer (scale {scale:.3g}, zero point {zero_point})", fontsize=9)
+    zoom.set_xlabel("weight value")
+    fig.tight_layout()
+    return Picture(fig)
