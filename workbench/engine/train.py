@@ -299,6 +299,7 @@ def _train(cfg, name, accelerator, model, optimizer, loader, meter, peak, sinks,
     from accelerate.utils import send_to_device
 
     text = state.text
+    on_accelerator = accelerator.device.type != "cpu"
     model.train()
     meter.reset_peak()  # the peak from here on is this run's
     state.start_memory = meter.current_bytes()
@@ -320,7 +321,8 @@ def _train(cfg, name, accelerator, model, optimizer, loader, meter, peak, sinks,
         # GPU's work so far and blocks the host until that is done. Timed as the data wait, it
         # read 70% on an H200 for a GPT whose host fetch took a few ms (GPU check, notebook 08).
         phases.enter("forward")
-        batch = send_to_device(batch, accelerator.device)
+        if on_accelerator:  # on a CPU the batch is where it runs already: no per-step traversal
+            batch = send_to_device(batch, accelerator.device)
         probe = state.step == 0  # the first optimizer step is counted exactly, and not timed
         # technique: gradient accumulation. Inside accumulate(), backward() divides the loss by
         # grad_accum_steps and optimizer.step() only acts (and DDP only all-reduces) on the last
