@@ -31,9 +31,11 @@ def _user() -> str:
         return f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
 
 
-def _cpu_flags() -> str:
-    """The CPU's feature flags (Linux), '' elsewhere: a cache copied to another machine (an image,
-    a CI runner started from a snapshot) must not hand AVX-512 kernels to an AVX2-only CPU."""
+def cpu_flags_line() -> str:
+    """/proc/cpuinfo's feature-flags line (Linux; '' elsewhere). Read here without torch, so that
+    `import workbench` stays cheap; `hardware` parses the same line. The cache folder names it: a
+    cache copied to another machine (an image, a CI runner started from a snapshot) must not hand
+    AVX-512 kernels to an AVX2-only CPU."""
     try:
         with open("/proc/cpuinfo") as cpuinfo:
             return next((line for line in cpuinfo if line.startswith(("flags", "Features"))), "")
@@ -53,7 +55,7 @@ def inductor_cache_dir(environ: dict[str, str] | os._Environ = os.environ) -> st
     if environ.get(CACHE_VARIABLE):
         return None
     capability = re.sub(r"[^a-z0-9]", "_", environ.get(CAPABILITY_VARIABLE, "").strip().lower()) or "native"
-    cpu = hashlib.sha256(_cpu_flags().encode()).hexdigest()[:8]
+    cpu = hashlib.sha256(cpu_flags_line().encode()).hexdigest()[:8]
     return os.path.join(tempfile.gettempdir(), f"torchinductor_{_user()}_aten-{capability}_{cpu}")
 
 

@@ -145,14 +145,10 @@ def gpu_info() -> GPUInfo | None:
 @functools.cache
 def _proc_cpu_flags() -> frozenset[str]:
     """The instruction-set flags /proc/cpuinfo lists (empty where there is none)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
+    from workbench.core.compile_cache import cpu_flags_line
+
+    _, _, flags = cpu_flags_line().partition(":")
+    return frozenset(flags.split())
 
 
 @functools.cache
