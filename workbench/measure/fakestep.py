@@ -70,12 +70,25 @@ def cublas_workspace_bytes(compute_capability: tuple[int, int] | None) -> int:
     return 4096 * 8 * 1024 if major >= 9 else 4096 * 1024 * 2 + 16 * 1024 * 8
 
 
+# CUDA's autocast calls these with dtype=float32 ("fp32_set_opt_dtype"), and ATen's softmax on a
+# CUDA fp16 input with dtype=float32 runs one kernel that reads fp16 and writes fp32
+# (`half_to_float`): no fp32 copy of the input, and a backward that hands back fp16 gradients.
+# A bf16 input is converted to fp32 first (aten/src/ATen/native/SoftMax.cpp, `softmax`).
+_HALF_TO_FLOAT = {"softmax": torch._softmax, "log_softmax": torch._log_softmax}
+
+
 class _CudaAutocastPolicy(TorchFunctionMode):
     """On CPU fake tensors, run CUDA_FP32_OPS in fp32 while autocast is on, as CUDA's does."""
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if getattr(func, "__name__", "") in CUDA_FP32_OPS and torch.is_autocast_enabled("cpu"):
+        name = getattr(func, "__name__", "")
+        if name in _HALF_TO_FLOAT and torch.is_autocast_enabled("cpu") and args and \
+                isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float16:
+            dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+            if isinstance(dim, int) and kwargs.get("dtype") is None:
+                return _HALF_TO_FLOAT[name](args[0], dim, True)
+        if name in CUDA_FP32_OPS and torch.is_autocast_enabled("cpu"):
             def up(a: Any) -> Any:
                 low = isinstance(a, torch.Tensor) and a.dtype in (torch.float16, torch.bfloat16)
                 return a.float() if low else a
