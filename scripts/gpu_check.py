@@ -62,7 +62,7 @@ def run_summary(r: Any) -> dict[str, Any]:
             "step_time_s": r.step_time_s, "samples_per_sec": r.samples_per_sec, "tokens_per_sec": r.tokens_per_sec,
             "tflops_per_sec": r.tflops_per_sec, "mfu": r.mfu, "peak_flops_source": r.peak_flops_source,
             "activation_bytes": m and m.activation_bytes, "peak_bytes": m and m.peak_bytes,
-            "peak_kind": m and m.peak_kind, "final_loss": r.losses[-1] if r.losses else None,
+            "peak_kind": m and m.peak_kind, "held_before_bytes": m and m.held_before_bytes, "final_loss": r.losses[-1] if r.losses else None,
             "accuracy": r.accuracy, "wall_s": round(r.wall_s, 2)}
 
 
@@ -100,9 +100,12 @@ def notebook_claims(name: str, ns: dict[str, Any]) -> dict[str, Any]:
                 claims["run_time_ratio"] = _ratio(ns["checkpointed"].step_time_s, ns["baseline"].step_time_s)
         elif name == "07_planner":
             checks = [ns[k] for k in ("plan_check", "recipe_check") if k in ns]
+            # the run's own peak over its training steps: max_memory_allocated less what the notebook
+            # held before the run began, evaluation left out (RunResult.memory.peak_bytes)
             claims["estimate_vs_max_memory_allocated"] = [{
                 "plan": c.plan.label, "predicted_peak_bytes": c.plan.estimate.peak_bytes,
                 "max_memory_allocated": c.result.memory.peak_bytes if c.result.device == "cuda" else None,
+                "held_before_bytes": c.result.memory.held_before_bytes,
                 "measured_over_predicted": (_ratio(c.result.memory.peak_bytes, c.plan.estimate.peak_bytes)
                                             if c.result.device == "cuda" else None),
                 "why_null": None if c.result.device == "cuda" else NO_GPU} for c in checks]

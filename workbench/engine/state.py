@@ -39,6 +39,10 @@ class LoopState:
         self.activation_bytes: int | None = None
         self.flops_per_step: int | None = None
         self.start_memory: int | None = None
+        self.held_before_bytes: int | None = None
+        """CUDA memory already allocated when run() began: not this run's (set by run())."""
+        self.train_peak_bytes: int | None = None
+        """The meter's peak when training ended, before evaluation (set by run())."""
         self.data_position = resume.DataPosition()  # epoch and batch: where a resumed run goes on
         self.skipped_steps = 0
         self.loss_scales: list[float] = []
@@ -127,15 +131,21 @@ def build_result(*, cfg: RunConfig, name: str, status: str, message: str, state:
     text = state.text
     timing = state.timing
     rates = timing.run_rates(flops_per_step=state.flops_per_step, text=text) if timing else None
-    peak_bytes = meter.peak_bytes()
+    # The training steps' peak: read when training ended (evaluation comes after, at its own batch).
+    raw_peak = state.train_peak_bytes if state.train_peak_bytes is not None else meter.peak_bytes()
+    held = state.held_before_bytes if meter.on_cuda else None
+    # On a GPU the allocator counts every tensor of the process: what was there before the run
+    # (a notebook's own model, an earlier run's leftovers) is not this run's peak.
+    peak_bytes = raw_peak if raw_peak is None or held is None else max(0, raw_peak - held)
     memory = None if model is None or optimizer is None else MemoryBreakdown(
         parameter_bytes=parameter_bytes(model),
         gradient_bytes=gradient_bytes(model, expected=True),
         optimizer_state_bytes=optimizer_state_bytes(optimizer),
         activation_bytes=state.activation_bytes,
         peak_bytes=peak_bytes,
-        peak_increase_bytes=None if peak_bytes is None or state.start_memory is None
-        else max(0, peak_bytes - state.start_memory),
+        peak_increase_bytes=None if raw_peak is None or state.start_memory is None
+        else max(0, raw_peak - state.start_memory),
+        held_before_bytes=held,
         peak_kind="CUDA allocator peak" if meter.on_cuda else "process VmHWM",
     )
     return RunResult(
@@ -160,7 +170,13 @@ def build_result(*, cfg: RunConfig, name: str, status: str, message: str, state:
 def evaluate(accelerator, model, dataset, cfg: RunConfig, *, collate_fn=None) -> tuple[float, float]:
     """Held-out loss and accuracy, in fp32 with autocast off (reduced precision is
     for training speed; the reported accuracy should not depend on it). `collate_fn`: the
-    data's own (a dataset passed in), None for torch's default."""
+    data's own (a dataset passed in), None for torch's default.
+
+    Batches of the training micro-batch, so that a run sized to fit (the planner's micro-batch)
+    does not run out of memory at its end. At 64 it could: on an H200, notebook 07's bf16 4 x 4
+    plan (GPT, 85.6M parameters, 512 tokens) peaked at 4,056,432,128 bytes, within 1% of the
+    replayed evaluation at 64 sequences (fp32, no grad: 4,017,502,208 with the model state) and
+    1.25x the replayed training step (3,238,283,776); at 4 sequences that evaluation needs 1.28 GB."""
     from workbench.core.data import build_dataloader
 
     plain = accelerator.unwrap_model(model, keep_fp32_wrapper=False)
@@ -169,7 +185,7 @@ def evaluate(accelerator, model, dataset, cfg: RunConfig, *, collate_fn=None) ->
     # processes would repeat samples to even out, and the reduced sums would count them.
     even_batches, accelerator.even_batches = accelerator.even_batches, False
     loader = accelerator.prepare_data_loader(
-        build_dataloader(dataset, batch_size=max(cfg.batch_size, 64), shuffle=False, seed=cfg.seed, drop_last=False,
+        build_dataloader(dataset, batch_size=cfg.batch_size, shuffle=False, seed=cfg.seed, drop_last=False,
                          collate_fn=collate_fn)
     )
     accelerator.even_batches = even_batches

@@ -157,6 +157,8 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
     device = accelerator.device
     meter = MemoryMeter(device)
     state = LoopState()
+    if meter.on_cuda:  # before this run allocates anything: what is there is someone else's
+        state.held_before_bytes = meter.current_bytes()
     model = optimizer = None
     warnings: tuple[str, ...] = ()
     # MFU against the peak the matmuls can reach: with TF32 allowed, fp32 matmuls run on tensor cores.
@@ -235,6 +237,7 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
                 sink.start(start)
             with tf32_matmuls(cfg.tf32):  # technique: TF32 (CUDA fp32 matmuls on tensor cores), training only
                 _train(cfg, name, accelerator, trained, optimizer, loader, meter, peak, sinks, state)
+            state.train_peak_bytes = meter.peak_bytes()  # the steps' peak, before evaluation's
             if cfg.eval_samples:
                 with gathered(model) if sharded else nullcontext():  # sharded: whole weights, no collective per batch
                     eval_loss, accuracy = evaluate(accelerator, model, bundle.test, cfg, collate_fn=bundle.collate_fn)
@@ -264,7 +267,8 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
         _free(accelerator)
         if status == "interrupted":
             raise RunInterrupted(result)
-    elif keep_model:
+        return result
+    if keep_model:
         result = dataclasses.replace(result, model=accelerator.unwrap_model(model, keep_fp32_wrapper=False).eval())
         remember(result)
     return result

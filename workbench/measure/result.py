@@ -24,11 +24,16 @@ class MemoryBreakdown(Report):
     activation_bytes: int | None
     """Saved-for-backward bytes of one micro-batch (unique storages, parameters excluded)."""
     peak_bytes: int | None
-    """CUDA max_memory_allocated, or the process VmHWM on CPU (includes Python and libraries)."""
+    """The peak over the training steps (evaluation, after them, is not in it). On a GPU the
+    run's own: CUDA max_memory_allocated less `held_before_bytes`, what `estimate()` predicts;
+    on a CPU the process VmHWM (includes Python and libraries)."""
     peak_increase_bytes: int | None
     """Peak minus the memory in use when training started."""
     peak_kind: str
     """What the peak is: 'CUDA allocator peak' or 'process VmHWM'."""
+    held_before_bytes: int | None = None
+    """GPU: memory already allocated when the run began (a notebook's own tensors, what an
+    earlier run left), taken out of `peak_bytes`; None on a CPU and for a monitored loop."""
 
     @property
     def model_state_bytes(self) -> int:
@@ -41,6 +46,8 @@ class MemoryBreakdown(Report):
             *counted_rows(self),
             (f"peak ({self.peak_kind})", format_bytes(self.peak_bytes)),
             ("peak increase during training", format_bytes(self.peak_increase_bytes)),
+            *([("held by others when the run began (not in the peak)", format_bytes(self.held_before_bytes))]
+              if self.held_before_bytes else []),
         ]
 
 

@@ -121,7 +121,8 @@ class Verification(Report):
         rows.append(("FLOPs per optimizer step", f"{est.flops_per_step:,}", f"{r.flops_per_step:,}",
                      f"{r.flops_per_step / est.flops_per_step:.3f}" if r.flops_per_step else "n/a"))
         if r.device == "cuda" and m.peak_bytes:
-            rows.append(("peak (CUDA max_memory_allocated)", format_bytes(est.peak_bytes), format_bytes(m.peak_bytes),
+            rows.append(("peak of the steps (CUDA max_memory_allocated, the run's own)", format_bytes(est.peak_bytes),
+                         format_bytes(m.peak_bytes),
                          f"{m.peak_bytes / est.peak_bytes:.3f}"))
         else:
             rows.append(("peak", format_bytes(est.peak_bytes), "not read in a timed CPU run (peakcheck.check_peak "
