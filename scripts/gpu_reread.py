@@ -25,7 +25,7 @@ RUNS = {
     ("02_gradient_accumulation", "batch 32"): dict(model="gpt"),
     ("02_gradient_accumulation", "8 x 4 accumulated"): dict(model="gpt", batch_size=8, grad_accum_steps=4),
     ("02_gradient_accumulation", "batch 8"): dict(model="gpt", batch_size=8),
-    ("02_gradient_accumulation", "exercise"): dict(model="gpt", batch_size=1),
+    ("02_gradient_accumulation", "exercise"): dict(model="gpt", batch_size=1, grad_accum_steps=8),
     ("03_activation_checkpointing", "baseline"): dict(model="gpt"),
     ("03_activation_checkpointing", "checkpoint all"): dict(model="gpt", activation_checkpointing="all"),
     ("07_planner", "baseline, no budget"): dict(model="gpt", batch_size=16),
