@@ -79,7 +79,9 @@ class Target:
 
         `tf32`: whether fp32 matmuls run on TF32 tensor cores; default what torch does now
         (`torch.get_float32_matmul_precision()`: 'highest', no TF32, unless changed).
-        The 5% default headroom stands for the CUDA context and allocator fragmentation.
+        The 5% default headroom stands for what the replay does not see on a GPU: on an H200
+        max_memory_allocated sat 0.6-2.8% above it for every run whose peak was a training step
+        (docs/gpu-reference, "Re-read offline"), plus allocator fragmentation.
         """
         from workbench.core.hardware import GPU_SPECS, gpu_spec_key, tf32_enabled
 
