@@ -130,7 +130,7 @@ def test_cuda_softmax_reads_fp16_scores_in_place_and_copies_bf16_ones_to_fp32(dt
     # 2.4% and 2.8% above the replay.
     import torch
 
-    from workbench.measure import fakestep
+    from workbench.measure.fakecuda import CudaAutocastPolicy
     from workbench.measure.fakemodel import fake_mode
     from workbench.measure.live import LiveTensors
 
@@ -138,7 +138,7 @@ def test_cuda_softmax_reads_fp16_scores_in_place_and_copies_bf16_ones_to_fp32(dt
     with fake_mode():
         scores = torch.zeros(2, 3, 16, 16, dtype=low, requires_grad=True)
         live = LiveTensors()
-        with live, fakestep._CudaAutocastPolicy(), torch.autocast("cpu", dtype=low):
+        with live, CudaAutocastPolicy(), torch.autocast("cpu", dtype=low):
             probs = scores.softmax(dim=-1)
         assert probs.dtype == torch.float32
         n = scores.numel()
@@ -226,14 +226,14 @@ def test_the_cuda_replay_predicts_the_peaks_an_h200_measured_within_5_percent(no
     import json
     from pathlib import Path
 
-    from workbench.measure import fakestep
+    from workbench.measure.fakecuda import cublas_workspace_bytes
 
     summary = json.loads((Path(__file__).parents[1] / "docs/gpu-reference/run1/summary.json").read_text())
     runs = summary["notebooks"][notebook]["claims"]["runs"]
     measured = next(r["peak_bytes"] for r in runs if r["name"] == name)
     est = estimate(RunConfig(preset="gpu", **changes), device="cuda")
     # the H200's cuBLAS workspaces (Hopper: 32 MiB a handle), not this GPU-less machine's default
-    predicted = est.peak_bytes - est.runtime_bytes + 2 * fakestep.cublas_workspace_bytes((9, 0))
+    predicted = est.peak_bytes - est.runtime_bytes + 2 * cublas_workspace_bytes((9, 0))
     # measured: 1.006 (MLP) to 1.028 (fp16 GPT): the replay misses about one fp32 score
     # matrix a step on CUDA (12 MiB a sequence here), which a CPU's tensors do not show
     assert abs(measured / predicted - 1) < 0.05, (measured, predicted)

@@ -46,8 +46,8 @@ from workbench.core.data import DATASETS
 from workbench.core.models import MODEL_SPECS
 from workbench.core.precisions import DTYPES
 from workbench.core.report import Report, counted_rows, format_bytes
-from workbench.measure import fakestep
-from workbench.measure.fakemodel import ModuleKey, cannot_trace, own_spec_key
+from workbench.measure import fakecuda, fakestate, fakestep
+from workbench.measure.fakemodel import ModuleKey, cannot_trace, fake_mode, own_spec_key
 
 __all__ = ["Estimate", "accelerate_estimate", "estimate", "input_spec", "model_key"]
 
@@ -276,12 +276,12 @@ def estimate(config: RunConfig, *, vocab_size: int | None = None, device: str | 
     model = model_key(cfg)
     spec_key = _spec_key(input_spec(cfg, vocab_size=vocab_size), model)
     dims = _freeze(cfg.dims)
-    trainable = tuple(getattr(cfg, name) for name in fakestep.TRAINABLE_FIELDS)
+    trainable = tuple(getattr(cfg, name) for name in fakestate.TRAINABLE_FIELDS)
     shard = (processes, 0) if cfg.sharding != "none" else (1, 0)
     group, replayed, scaled = _groups(cfg)
     micro_batches = 2 if cfg.grad_accum_steps > 1 else 1
     try:
-        state = fakestep.model_state(model, spec_key, dims, cfg.optimizer, float(cfg.weight_decay),
+        state = fakestate.model_state(model, spec_key, dims, cfg.optimizer, float(cfg.weight_decay),
                                      bool(cfg.max_grad_norm), device, trainable, shard)
         if cfg.model == "gpt":  # the replayed layers, and how they compute attention (RunConfig.attention)
             dims = _freeze({**cfg.dims, "n_layer": replayed, "attention": cfg.attention})
@@ -302,7 +302,7 @@ def estimate(config: RunConfig, *, vocab_size: int | None = None, device: str | 
     runtime = 0
     if device == "cuda":  # the forward's thread and autograd's each have a cuBLAS handle and workspace
         info = gpu_info()
-        runtime = 2 * fakestep.cublas_workspace_bytes(info.compute_capability if info else None)
+        runtime = 2 * fakecuda.cublas_workspace_bytes(info.compute_capability if info else None)
     groups = []
     for micro, ops in enumerate(sim.ops, 1):  # one scaled group's ops: its forward and its backward
         m = {k: sim.marks.get(f"{k}.{micro}") for k in ("F0", "F1", "B1", "B0")}
@@ -336,8 +336,8 @@ def accelerate_estimate(config: RunConfig, *, vocab_size: int | None = None) -> 
     cfg = config.resolved()
     key = model_key(cfg)
     spec_key = _spec_key(input_spec(cfg, vocab_size=vocab_size), key)
-    with fakestep._fake_mode():
-        model = fakestep.build(key, spec_key, _freeze(cfg.dims))
+    with fake_mode():
+        model = fakestate.build(key, spec_key, _freeze(cfg.dims))
         total, largest = calculate_maximum_sizes(model)
     dtype = str(DTYPES[cfg.precision]).removeprefix("torch.")  # accelerate's names: float32, bfloat16, ...
     usage = estimate_training_usage(total, dtype)

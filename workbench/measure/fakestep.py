@@ -15,11 +15,12 @@ storage: a 3B model costs nothing) and follows every tensor with `measure.live.L
   foreach form on a GPU holds a square-root copy of every parameter at once; the
   per-parameter form on a CPU one parameter's worth), after clipping if configured.
 
-On a GPU (`device="cuda"`), three things differ, and are replayed: every storage is rounded
-up to the CUDA allocator's 512-byte blocks; autocast runs `softmax` (and CUDA's other
-float32-listed ops) in fp32 where the CPU's autocast keeps 16 bits, which for attention
-keeps an fp32 and a 16-bit copy of every score matrix; the optimizer takes its foreach form.
-The data loader's look-ahead batch lives in host memory there, not on the device.
+On a GPU (`device="cuda"`), three things differ, and are replayed (`measure.fakecuda`): every
+storage is rounded up to the CUDA allocator's 512-byte blocks; autocast runs `softmax` (and
+CUDA's other float32-listed ops) in fp32 where the CPU's autocast keeps 16 bits, which for
+attention keeps an fp32 and a 16-bit copy of every score matrix; the optimizer takes its
+foreach form (`measure.fakestate`, the model state and its optimizer step). The data loader's
+look-ahead batch lives in host memory there, not on the device.
 
 A GPT is replayed with at most two groups of blocks (a group is one block, or a
 checkpointed and a plain block under 'every_other'), then scaled: marks at the group
@@ -43,200 +44,15 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 from workbench.core.precisions import AUTOCAST_DTYPES
-from workbench.measure.fakemodel import ModuleKey, fake_copy, fake_mode, sample
+from workbench.measure.fakecuda import CudaAutocastPolicy, run_backward
+from workbench.measure.fakemodel import fake_mode, sample
+from workbench.measure.fakestate import build
 from workbench.measure.live import CUDA_BLOCK_BYTES, LiveTensors
 from workbench.measure.meters import LOSS_WINDOW_SLOTS
 
-__all__ = ["CUDA_FP32_OPS", "Mark", "ModelState", "Simulation", "StepOps", "cublas_workspace_bytes", "model_state",
-           "simulate"]
-
-# CUDA autocast's "ops that can autocast to float32" (PyTorch AMP docs) that the CPU's
-# autocast does not list: on a GPU they run in fp32 whatever their input.
-CUDA_FP32_OPS = frozenset({
-    "softmax", "log_softmax", "softmin", "layer_norm", "group_norm", "norm", "normalize", "exp", "expm1",
-    "log", "log10", "log1p", "log2", "pow", "reciprocal", "rsqrt", "sum", "prod", "cumsum", "cumprod",
-    "softplus", "erfinv", "sinh", "cosh", "tan", "acos", "asin", "renorm",
-})
-
-
-def cublas_workspace_bytes(compute_capability: tuple[int, int] | None) -> int:
-    """One cuBLAS workspace, as torch allocates it from the caching allocator (so it shows in
-    max_memory_allocated): 32 MiB from Hopper (compute capability 9) on, else :4096:2:16:8
-    (8 MiB + 128 KiB); torch's CublasHandlePool.cpp, without CUBLAS_WORKSPACE_CONFIG."""
-    major = compute_capability[0] if compute_capability else 8
-    return 4096 * 8 * 1024 if major >= 9 else 4096 * 1024 * 2 + 16 * 1024 * 8
-
-
-# CUDA's autocast calls these with dtype=float32 ("fp32_set_opt_dtype"), and ATen's softmax on a
-# CUDA fp16 input with dtype=float32 runs one kernel that reads fp16 and writes fp32
-# (`half_to_float`): no fp32 copy of the input, and a backward that hands back fp16 gradients.
-# A bf16 input is converted to fp32 first (aten/src/ATen/native/SoftMax.cpp, `softmax`).
-_HALF_TO_FLOAT = {"softmax": torch._softmax, "log_softmax": torch._log_softmax}
-
-
-class _CudaAutocastPolicy(TorchFunctionMode):
-    """On CPU fake tensors, run CUDA_FP32_OPS in fp32 while autocast is on, as CUDA's does."""
-
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        name = getattr(func, "__name__", "")
-        if name in _HALF_TO_FLOAT and torch.is_autocast_enabled("cpu") and args and \
-                isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float16:
-            dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
-            if isinstance(dim, int) and kwargs.get("dtype") is None:
-                return _HALF_TO_FLOAT[name](args[0], dim, True)
-        if name in CUDA_FP32_OPS and torch.is_autocast_enabled("cpu"):
-            def up(a: Any) -> Any:
-                low = isinstance(a, torch.Tensor) and a.dtype in (torch.float16, torch.bfloat16)
-                return a.float() if low else a
-            args, kwargs = tuple(up(a) for a in args), {k: up(v) for k, v in kwargs.items()}
-        return func(*args, **kwargs)
-
-
-_fake_mode = fake_mode  # the one FakeTensorMode of every estimate (measure/fakemodel.py)
-
-
-def build(model_name: str | ModuleKey, spec_key: tuple, dims: tuple) -> nn.Module:
-    """The model on fake tensors (call inside `_fake_mode()`): a built-in one by name, or a copy
-    of the learner's module (`ModuleKey`). `dims` may carry the GPT's `attention` ('explicit' or
-    'sdpa', RunConfig.attention) beside its sizes."""
-    from workbench.core.models import build_model, set_attention
-
-    if isinstance(model_name, ModuleKey):
-        return fake_copy(model_name.module())
-
-    task, shape, classes, vocab = spec_key
-    spec = SimpleNamespace(name="estimate", task=task, input_shape=shape, num_classes=classes,
-                           vocab_size=vocab, pad_token_id=None)
-    sizes = dict(dims)
-    attention = sizes.pop("attention", "explicit")
-    return set_attention(build_model(model_name, data=spec, dims=sizes), attention)
-
-
-def _size(nbytes: int, device: str) -> int:
-    # CUDA: whole 512-byte blocks (an empty tensor takes none)
-    return nbytes and -(-nbytes // CUDA_BLOCK_BYTES) * CUDA_BLOCK_BYTES if device == "cuda" else nbytes
-
-
-def _storages(tensors: Any) -> dict[int, int]:
-    return {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in tensors}
-
-
-class ModelState(NamedTuple):
-    """The whole model's state (exact bytes) and what its optimizer step adds on top."""
-
-    parameter_count: int
-    parameter_bytes: int
-    buffer_bytes: int
-    gradient_bytes: int
-    optimizer_state_bytes: int
-    resident_bytes: int
-    """Parameters + buffers + optimizer state as the device holds them (CUDA: in 512-byte
-    blocks, and without the optimizer's `step` counters, which torch keeps on the host)."""
-    gradient_device_bytes: int
-    optimizer_step_bytes: int
-    """Peak of the optimizer step's temporaries (clipping included), gradients present."""
-    optimizer_ops: tuple[tuple[int, int, str], ...] = ()
-    """(FLOPs, bytes, dtype) of each op of that step."""
-    trainable_parameter_count: int | None = None
-    """Parameters that train (freezing and LoRA leave the rest without gradient and state)."""
-
-
-# RunConfig fields that choose what trains (notebook 09), in this order in model_state's key.
-TRAINABLE_FIELDS = ("freeze", "freeze_layers", "lora_rank", "lora_targets", "lora_alpha")
-ALL_TRAIN = ("none", 0, 0, "attention", None)
-
-
-@functools.lru_cache(maxsize=64)
-def model_state(model_name: str, spec_key: tuple, dims: tuple, optimizer: str, weight_decay: float,
-                clip: bool, device: str, trainable: tuple = ALL_TRAIN, shard: tuple[int, int] = (1, 0)) -> ModelState:
-    """Parameter, buffer, gradient and optimizer-state bytes of the full model, and its
-    optimizer step's temporaries in steady state (the second step: the state exists).
-
-    `trainable`: the TRAINABLE_FIELDS values (freezing, LoRA) applied; `shard` = (processes,
-    rank): the bytes that rank holds when the model state is sharded (sharding='full')."""
-    from torch._subclasses.fake_tensor import DataDependentOutputException
-
-    from workbench.core.config import RunConfig
-    from workbench.core.optim import make_optimizer
-    from workbench.core.trainable import freeze_parts, lora_shapes
-    from workbench.measure.counters import (
-        FlopCounter,
-        _held,
-        gradient_bytes,
-        optimizer_state_bytes,
-        parameter_bytes,
-        shard_rows,
-    )
-
-    choice = SimpleNamespace(**dict(zip(TRAINABLE_FIELDS, trainable)))
-    if optimizer == "adamw8bit":
-        # Its 256-entry lookup tables are built from Python lists, which fake tensors cannot
-        # be: build them (torchao caches them) before entering the fake mode.
-        from workbench.core.torchao_support import import_torchao
-
-        tables = import_torchao("torchao.optim.subclass_8bit")
-        tables.get_qmap_signed(), tables.get_qmap_unsigned()
-    foreach = device == "cuda"  # torch's default: foreach on CUDA tensors, per parameter on CPU ones
-    with _fake_mode():
-        model = build(model_name, spec_key, dims)
-        every = list(model.parameters())
-        if choice.lora_rank:
-            # peft cannot wrap fake tensors (its .to() swaps them): every weight frozen, plus
-            # LoRA's A and B matrices of exactly the shapes peft adds (trainable.lora_shapes).
-            model.requires_grad_(False)
-            every += [nn.Parameter(torch.zeros(shape)) for shape in
-                      lora_shapes(model, rank=choice.lora_rank, targets=choice.lora_targets)]
-        else:
-            freeze_parts(model, choice.freeze, first_layers=choice.freeze_layers)
-        count = sum(p.numel() for p in every)  # LoRA's adapters included, as run() counts them
-        trained = sum(p.numel() for p in every if p.requires_grad)
-        processes, rank = shard
-        if processes > 1:  # one process's shard of every parameter (FSDP2: rows ceil(d/N) per rank)
-            every = [nn.Parameter(p.new_zeros(shard_rows(p.shape[0], processes, rank), *p.shape[1:]), p.requires_grad)
-                     for p in every]
-        held = nn.ParameterList(every)
-        params = [p for p in held if p.requires_grad]
-        for p in params:  # what a backward leaves: one gradient per trainable parameter
-            p.grad = torch.zeros_like(p)
-        # (only the optimizer's fields matter here: a learner's module stands in as the MLP)
-        named = model_name if isinstance(model_name, str) else "mlp"
-        opt = make_optimizer(held, RunConfig(model=named, optimizer=optimizer, weight_decay=weight_decay).resolved())
-        for group in opt.param_groups:
-            group["foreach"] = foreach
-        live = LiveTensors(round_to=CUDA_BLOCK_BYTES if device == "cuda" else 1)
-        ops = FlopCounter(record_ops=True)
-        try:
-            opt.step()  # PyTorch optimizers create their state lazily, at the first step
-            counters = [leaf for s in opt.state.values() for k, v in s.items()
-                        if isinstance(v, torch.Tensor) and not (device == "cuda" and k == "step") for leaf in _held(v)]
-            resident = sum(_size(n, device) for n in _storages([*held, *model.buffers()]).values())
-            resident += sum(_size(n, device) for n in _storages(counters).values())
-            with live, ops:
-                if clip:
-                    torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=foreach)
-                opt.step()
-        except DataDependentOutputException:
-            # Adafactor reads a norm with .item(), which a fake tensor cannot answer; it has made
-            # every parameter's state by then (counted only if so). Its step's temporaries are not.
-            if len(opt.state) < len(params):
-                raise
-            counters = [leaf for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)
-                        for leaf in _held(v)]
-            resident = sum(_size(n, device) for n in _storages([*held, *model.buffers()]).values())
-            resident += sum(_size(n, device) for n in _storages(counters).values())
-        return ModelState(
-            parameter_count=count, parameter_bytes=parameter_bytes(held),
-            buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
-            gradient_bytes=gradient_bytes(held, expected=True), optimizer_state_bytes=optimizer_state_bytes(opt),
-            resident_bytes=resident, gradient_device_bytes=sum(_size(p.numel() * p.element_size(), device)
-                                                               for p in params),
-            optimizer_step_bytes=live.peak_bytes, optimizer_ops=tuple(ops.ops or ()),
-            trainable_parameter_count=trained,
-        )
+__all__ = ["Mark", "Simulation", "StepOps", "simulate"]
 
 
 class Mark(NamedTuple):
@@ -340,7 +156,7 @@ def _replay(model_name: str, spec_key: tuple, dims: tuple, precision: str, check
     from workbench.core.models import loss_fn, set_activation_checkpointing
     from workbench.measure.counters import FlopCounter, SavedActivationCounter
 
-    with _fake_mode():
+    with fake_mode():
         model = build(model_name, spec_key, dims)
         set_activation_checkpointing(model, checkpointing)
         live = LiveTensors(levels=True)  # exact sizes: a device's rounding is applied after
@@ -375,7 +191,7 @@ def _replay(model_name: str, spec_key: tuple, dims: tuple, precision: str, check
             blocks[0].register_forward_pre_hook(before_first)
 
         dtype = AUTOCAST_DTYPES.get(precision)
-        policy = _CudaAutocastPolicy() if device == "cuda" and dtype else contextlib.nullcontext()
+        policy = CudaAutocastPolicy() if device == "cuda" and dtype else contextlib.nullcontext()
         gc.disable()  # fake tensors freed by reference counts alone: the same levels everywhere
         try:
             with live, policy:
@@ -418,7 +234,7 @@ def _replay(model_name: str, spec_key: tuple, dims: tuple, precision: str, check
                         scaled = loss / micro_batches
                         if scale is not None:
                             scaled = scaled * scale
-                        _backward(scaled, policy)
+                        run_backward(scaled, policy)
                         del scaled
                     mark("end")
         finally:
@@ -508,16 +324,3 @@ class StepOps(NamedTuple):
 
         per_micro = [time(ops) + self.scaled * time(group) for ops, group in zip(self.micro, self.group, strict=True)]
         return per_micro[0] + (self.accumulation - 1) * per_micro[-1] + time(self.optimizer)
-
-
-def _backward(loss: torch.Tensor, policy: Any) -> None:
-    if isinstance(policy, _CudaAutocastPolicy):
-        # Tensor.backward() would go through the policy mode, which torch switches off while
-        # it handles a call: the recompute of checkpointed blocks inside backward would then
-        # run without it. The engine, called directly, keeps the mode on.
-        from torch.autograd.graph import _engine_run_backward
-
-        _engine_run_backward((loss,), (torch.ones_like(loss),), False, False, (), allow_unreachable=True,
-                             accumulate_grad=True)
-    else:
-        loss.backward()
