@@ -28,8 +28,8 @@ _EXPORTS = {
     "run": "api",
     "launch": "api",
     "monitor": "api",
-    "last_result": "engine.train",
-    "RunInterrupted": "engine.train",
+    "last_result": "engine.ending",
+    "RunInterrupted": "engine.ending",
     "RunResult": "measure.result",
     "MemoryBreakdown": "measure.result",
     "compare": "views.compare",
@@ -80,8 +80,8 @@ if TYPE_CHECKING:
     from workbench.core.models import build_model, set_activation_checkpointing
     from workbench.core.presets import get_preset
     from workbench.core.report import format_bytes
+    from workbench.engine.ending import RunInterrupted, last_result
     from workbench.engine.launch import LaunchError, launch_function
-    from workbench.engine.train import RunInterrupted, last_result
     from workbench.measure.estimate import Estimate, estimate
     from workbench.measure.oom import parse_oom
     from workbench.measure.records import RunEnd, RunStart, Sink, StepRecord

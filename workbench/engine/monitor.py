@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from workbench.core import hardware
-from workbench.engine.train import RunInterrupted, remember
+from workbench.engine.ending import RunInterrupted, remember
 from workbench.measure.counters import FlopCounter, SavedActivationCounter, gradient_bytes, optimizer_state_bytes, parameter_bytes
 from workbench.measure.meters import IntervalMeter, MemoryMeter, mfu
 from workbench.measure.records import RunEnd, RunStart, Sink, StepRecord

@@ -16,15 +16,23 @@ import time
 import traceback
 from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
-from types import MethodType
 
 from workbench.core import custom, hardware
-from workbench.core.config import ConfigError, RunConfig
+from workbench.core.config import RunConfig
 from workbench.core.models import loss_fn
 from workbench.core.optim import make_optimizer
 from workbench.core.trainable import apply_trainable
 from workbench.engine import resume
 from workbench.engine.accelerator import loss_scale, make_accelerator
+from workbench.engine.ending import (
+    Diverged,
+    RunInterrupted,
+    diverged_message,
+    free,
+    keep_partial,
+    remember,
+    untangle,
+)
 from workbench.engine.sharding import gathered, shard_model
 from workbench.engine.speedups import LoopPhases, compile_model, tf32_matmuls
 from workbench.engine.state import LoopState, LossWindow, build_result, evaluate
@@ -62,42 +70,6 @@ def _batches(accelerator, loader: Iterable, position: resume.DataPosition) -> It
             traceback.clear_frames(error.__traceback__)
             raise
         position.epoch, position.batches_in_epoch = position.epoch + 1, 0
-
-
-class RunInterrupted(KeyboardInterrupt):
-    """A run stopped by Kernel > Interrupt (Ctrl-C). Its partial RunResult (status
-    'interrupted', the curve so far) is `.result`, and `last_result()` returns it too.
-    It is a KeyboardInterrupt so that the cells queued after it (Run All) do not run."""
-
-    def __init__(self, result: RunResult) -> None:
-        super().__init__(f"{result.name}: {result.message}; the partial result is "
-                         "workbench.last_result() (or this exception's .result)")
-        self.result = result
-
-    def _render_traceback_(self) -> list[str]:
-        """What IPython shows for it: this line, not a screen of library frames under the
-        run's view (the cell still ends in error, so Run All stops here)."""
-        return [f"RunInterrupted: {self}"]
-
-
-class Diverged(Exception):
-    """The training loss stopped being a finite number: the weights are no longer usable."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-
-
-_last_results: list[RunResult] = []
-
-
-def last_result() -> RunResult | None:
-    """The RunResult of the most recent run in this process, however it ended (None before any)."""
-    return _last_results[-1] if _last_results else None
-
-
-def remember(result: RunResult) -> None:
-    """Make `result` what `last_result()` returns (run() and the monitor call it)."""
-    _last_results[:] = [result]
 
 
 def _checked(sinks: Iterable[Sink], name: str | None) -> list[Sink]:
@@ -256,75 +228,25 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
         for sink in started:
             sink.end(RunEnd(run_name=name, status="failed", steps_done=state.step, message=message,
                             rank=accelerator.process_index))
-        _keep_partial(result_now, error)
+        keep_partial(result_now, error)
         if model is not None:  # refused before building anything: nothing to free (a collection costs ~1 s)
-            _free(accelerator)
+            free(accelerator)
         raise
     for sink in started:  # an out-of-memory or Ctrl-C while setting up ends it before the sinks start
         sink.end(RunEnd(run_name=name, status=status, steps_done=state.step, message=message,
                         summary=result.summary(), rank=accelerator.process_index))
     remember(result)
     if status != "ok":
-        _free(accelerator)
+        free(accelerator)
         if status == "interrupted":
             raise RunInterrupted(result)
         return result
     plain = accelerator.unwrap_model(model, keep_fp32_wrapper=False)
-    _untangle(model, plain, optimizer)
+    untangle(model, plain, optimizer)
     if keep_model:
         result = dataclasses.replace(result, model=plain.eval())
         remember(result)
     return result
-
-
-def _untangle(model, plain, optimizer) -> None:
-    """Break the reference cycles accelerate leaves behind a reduced-precision run, so that
-    this run's model, gradients and optimizer state are freed when run() returns, not at
-    whatever later moment Python's garbage collector runs (a collection costs ~1 s here).
-
-    The autocast forward accelerate sets on the model, and the plain one unwrapping puts back,
-    is a bound method of the model kept in the model's own __dict__; with a GradScaler the
-    optimizer wrapper keeps a closure over itself, and the torch optimizer a bound method of
-    itself as `step`. On an H200 notebook 01's bf16 run started with the fp16 run's model and
-    AdamW state (~1 GiB) still allocated. What is removed is only those instance attributes:
-    the class's own forward and step are what remains."""
-    for module in {id(m): m for m in (model, plain)}.values():
-        bound = module.__dict__.get("forward")
-        if isinstance(bound, MethodType) and bound.__self__ is module:
-            del module.__dict__["forward"]
-        module.__dict__.pop("_original_forward", None)
-    inner = getattr(optimizer, "optimizer", None)
-    if optimizer is not None:
-        optimizer.__dict__.pop("_optimizer_patched_step_method", None)
-        optimizer.__dict__.pop("_optimizer_original_step_method", None)
-    for opt in (optimizer, inner):
-        bound = getattr(opt, "__dict__", {}).get("step")
-        if isinstance(bound, MethodType) and bound.__self__ is opt:
-            del opt.__dict__["step"]
-
-
-def _keep_partial(result_now, error: BaseException) -> None:
-    """Nothing lost: a run that failed still leaves its curve so far in last_result()
-    (status 'failed'). The error itself is left as it was raised: its last line is what
-    launchers and readers take for the cause."""
-    if isinstance(error, ConfigError):  # refused before step 1: no run to keep
-        return
-    try:
-        partial = result_now()
-    except Exception:  # the failure may be the very thing a result is built from
-        return
-    remember(partial)
-
-
-def _diverged(cfg, first_bad: int, stopped: int) -> str:
-    """What to say when the loss went non-finite at step `first_bad`: one line, with the fix."""
-    if cfg.precision == "fp16":
-        fix = "use precision='bf16' (fp32's range) or lower lr"
-        what = f"every fp16 loss from step {first_bad} was non-finite (the GradScaler cannot fix a forward overflow)"
-    else:
-        what = f"the loss became non-finite (nan or inf) at step {first_bad}"
-        fix = f"lower lr (now {cfg.lr:g})" + ("" if cfg.max_grad_norm else " or pass max_grad_norm=1.0")
-    return f"{what}; stopped at step {stopped}, before the weights were saved; {fix}"
 
 
 def _train(cfg, name, accelerator, model, optimizer, loader, meter, peak, sinks, state) -> None:
@@ -408,7 +330,7 @@ def _train(cfg, name, accelerator, model, optimizer, loader, meter, peak, sinks,
         if first_bad is not None and (cfg.precision != "fp16" or not finite):
             # A non-finite loss has poisoned the weights (fp32, bf16: the step applied it). In fp16
             # the GradScaler skips such steps, so only a window with no finite loss at all stops it.
-            raise Diverged(_diverged(cfg, window_start + first_bad // cfg.grad_accum_steps, state.step))
+            raise Diverged(diverged_message(cfg, window_start + first_bad // cfg.grad_accum_steps, state.step))
         window_start = state.step + 1
         state.losses.append(window_loss)  # fp16: the mean of the finite losses (skipped steps left out)
         state.loss_steps.append(state.step)
@@ -444,10 +366,3 @@ def _step_record(cfg, name, state, interval: Throughput, meter, peak, optimizer,
         lr=optimizer.param_groups[0]["lr"], rank=accelerator.process_index,
         extra={} if scale is None else {"loss_scale": scale, "skipped_steps": state.skipped_steps},
     )
-
-
-def _free(accelerator) -> None:
-    """Give memory back after a failed run so the kernel stays usable. accelerate's
-    free_memory() drops its references, collects garbage and empties the device cache (a
-    second gc.collect() here cost another ~0.6 s a failed run, measured, for nothing)."""
-    accelerator.free_memory()
