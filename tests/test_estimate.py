@@ -237,3 +237,17 @@ def test_the_cuda_replay_predicts_the_peaks_an_h200_measured_within_5_percent(no
     # measured: 1.006 (MLP) to 1.028 (fp16 GPT): the replay misses about one fp32 score
     # matrix a step on CUDA (12 MiB a sequence here), which a CPU's tensors do not show
     assert abs(measured / predicted - 1) < 0.05, (measured, predicted)
+
+
+@pytest.mark.parametrize("changes", [dict(model="mlp", batch_size=2048), dict(model="gpt", activation_checkpointing="all"),
+                                     dict(model="gpt", precision="bf16", dims=dict(n_layer=3, n_head=2, d_model=32))])
+def test_a_steps_timeline_is_the_replay_estimate_reads_with_the_whole_model(changes):
+    from workbench.measure.timeline import step_timeline
+
+    cfg = RunConfig(preset="cpu-quick", **changes)
+    timeline, est = step_timeline(cfg), estimate(cfg)
+    # every block replayed (no groups scaled), the same peak; the model state under every moment
+    assert est.peak_at != "optimizer step" and timeline.peak_bytes == est.peak_bytes
+    assert timeline.resident_bytes == est.resident_bytes and min(timeline.levels) >= est.resident_bytes
+    # the forward ends with every saved activation live: at least the model state and those bytes
+    assert timeline.forward_end_bytes >= est.resident_bytes + est.activation_bytes

@@ -24,3 +24,19 @@ def test_weight_grid_marks_the_range_ends_and_one_line_per_integer_in_the_zoom()
     assert len(zoom.lines) == 7
     with pytest.raises(ValueError, match="scale"):
         weight_grid([0.0], scale=0, zero_point=0)
+
+
+def test_step_timeline_figure_draws_a_line_per_setting_and_the_model_state():
+    from types import SimpleNamespace as T
+
+    from workbench.views.figures_memory import step_timeline_figure
+
+    pic = step_timeline_figure({"none": T(levels=(2 * MIB, 6 * MIB, 3 * MIB), forward_end=2, resident_bytes=MIB),
+                                "all": T(levels=(2 * MIB, 3 * MIB, 4 * MIB, 2 * MIB), forward_end=2, resident_bytes=MIB)})
+    ax = pic.figure.axes[0]
+    lines = [line for line in ax.lines if line.get_label().startswith(("none", "all"))]
+    assert [list(line.get_ydata()) for line in lines] == [[2.0, 6.0, 3.0], [2.0, 3.0, 4.0, 2.0]]
+    labels = ax.get_legend_handles_labels()[1]
+    assert labels == ["none: peak 6.0 MiB", "all: peak 4.0 MiB", "model state 1.0 MiB"]
+    with pytest.raises(ValueError, match="at least one timeline"):
+        step_timeline_figure({})

@@ -1,5 +1,6 @@
 """Pictures for notebooks 03 and 05: what each block keeps for backward, with and without
-checkpointing; and a Linear layer's weights against the int8 grid they are rounded to.
+checkpointing, and a step's live bytes moment by moment; and a Linear layer's weights against
+the int8 grid they are rounded to.
 
 The numbers come from the caller (exact counts from `measure.counters`, the quantized
 layer's own scale and zero point): this module only draws. Each function returns a
@@ -10,7 +11,7 @@ global state is never touched) and whose `.figure` a test can read.
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 MIB = 2**20
@@ -71,6 +72,44 @@ def stored_vs_recomputed(blocks: Sequence[str], stored: Sequence[int], kept: Seq
     ax.set_title("What each block keeps for backward (exact counts)")
     ax.set_ylim(0, max(stored) / MIB * 1.4)  # room for the legend above the bars
     ax.legend(fontsize=8, loc="upper center", ncol=2)
+    fig.tight_layout()
+    return Picture(fig)
+
+
+def step_timeline_figure(timelines: Mapping[str, Any]) -> Picture:
+    """Live bytes through one training step, one line per setting, in MiB: the forward climbs as
+    activations are saved, the backward gives them back (with checkpointing, rebuilding one
+    block at a time: a tooth per block). x is the share of the step's allocations made.
+
+    Args:
+        timelines: label -> a `measure.timeline.StepTimeline` (levels, forward_end, resident_bytes).
+
+    Example:
+        >>> from types import SimpleNamespace as T
+        >>> pic = step_timeline_figure({"a": T(levels=(2 * MIB, 4 * MIB, 3 * MIB), forward_end=2, resident_bytes=MIB)})
+        >>> [round(float(y), 1) for y in pic.figure.axes[0].lines[0].get_ydata()]
+        [2.0, 4.0, 3.0]
+    """
+    if not timelines or any(not t.levels for t in timelines.values()):
+        raise ValueError("pass at least one timeline with levels, e.g. {'none': step_timeline(config)}")
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 3.4))
+    ax = fig.subplots()
+    for i, (label, t) in enumerate(timelines.items()):
+        n = len(t.levels)
+        xs = [k / max(1, n - 1) for k in range(n)]
+        color = f"C{i}"
+        ax.plot(xs, [v / MIB for v in t.levels], color=color, lw=1.2,
+                label=f"{label}: peak {max(t.levels) / MIB:.1f} MiB")
+        ax.axvline(xs[max(0, t.forward_end - 1)], color=color, ls=":", lw=1)
+    resident = min(t.resident_bytes for t in timelines.values())
+    ax.axhline(resident / MIB, color="0.5", ls="--", lw=1, label=f"model state {resident / MIB:.1f} MiB")
+    ax.set_xlabel("share of the step's allocations (dotted: the forward ends, the backward begins)")
+    ax.set_ylabel("MiB live")
+    ax.set_ylim(0, max(max(t.levels) for t in timelines.values()) / MIB * 1.15)
+    ax.set_title("One training step, live bytes (replayed on fake tensors)")
+    ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     return Picture(fig)
 
