@@ -7,9 +7,9 @@ from workbench import RunConfig
 from workbench.core.models import loss_fn, set_activation_checkpointing
 from workbench.measure.counters import (
     SavedActivationCounter,
-    count_flops,
     gpt_activation_bytes_formula,
 )
+from workbench.measure.flops import count_flops
 from workbench.measure.probe import gradients, make_probe
 from workbench.techniques.checkpointing import (
     Segments,

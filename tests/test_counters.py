@@ -10,16 +10,18 @@ from torch import nn
 
 from workbench.core.models import GPT
 from workbench.core.saved import note_saved
-from workbench.measure.counters import FlopCounter as counters_flop
 from workbench.measure.counters import (
     SavedActivationCounter,
-    count_flops,
     gpt_activation_bytes_formula,
-    gpt_flops_formula,
     gradient_bytes,
-    matmul_parameter_count,
     optimizer_state_bytes,
     parameter_bytes,
+)
+from workbench.measure.flops import FlopCounter as counters_flop
+from workbench.measure.flops import (
+    count_flops,
+    gpt_flops_formula,
+    matmul_parameter_count,
 )
 
 # A small GPT: L=2 layers, h=64 wide, a=4 heads, s=32 positions, batch b=2, vocab V=97.

@@ -9,8 +9,9 @@ import pytest
 from workbench import RunConfig, run
 from workbench.core.data import load_data
 from workbench.measure import estimate as estimate_module
-from workbench.measure.counters import gpt_activation_bytes_formula, gpt_flops_formula
+from workbench.measure.counters import gpt_activation_bytes_formula
 from workbench.measure.estimate import accelerate_estimate, estimate, input_spec
+from workbench.measure.flops import gpt_flops_formula
 from workbench.techniques.peakcheck import check_peak
 
 BIG = dict(n_layer=32, n_head=32, d_model=2560)  # Pythia-2.8B's shape (GPT-Neo 2.7B has 20 heads), a "3B"

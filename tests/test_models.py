@@ -20,9 +20,9 @@ from workbench.core.models import (
 )
 from workbench.measure.counters import (
     SavedActivationCounter,
-    count_flops,
     gpt_activation_bytes_formula,
 )
+from workbench.measure.flops import count_flops
 
 S, B, H, A, V = 32, 2, 64, 4, 97
 FLOAT = 4

@@ -17,19 +17,19 @@ from workbench.core.optim import IMPLEMENTATIONS, implementation_problem, make_o
 from workbench.engine.speedups import LoopPhases, compile_model, tf32_matmuls
 from workbench.engine.train import run
 from workbench.measure.counters import (
-    FlopCounter,
     SavedActivationCounter,
     gpt_activation_bytes_formula,
 )
+from workbench.measure.flops import FlopCounter
 from workbench.measure.result import RunResult
 from workbench.techniques.profiling import TIMED_PHASES, phase_times, profile_run
+from workbench.techniques.speed_bench import optimizer_bench, step_bench
 from workbench.techniques.speed_switches import (
     attention_kernels,
     compile_payback,
     graph_breaks,
     toolchain,
 )
-from workbench.techniques.speed_bench import optimizer_bench, step_bench
 
 NO_COMPILER = "torch.compile on a CPU needs a C++ compiler (g++ or $CXX) and none is installed"
 needs_compiler = pytest.mark.skipif(hardware.cpp_compiler() is None, reason=NO_COMPILER)

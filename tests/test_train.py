@@ -138,7 +138,7 @@ def test_flop_counter_leaves_a_checkpointed_steps_peak_as_it_is_and_counts_like_
     from torch.utils.flop_counter import FlopCounterMode
 
     from workbench.core.models import GPT, loss_fn, set_activation_checkpointing
-    from workbench.measure.counters import FlopCounter
+    from workbench.measure.flops import FlopCounter
     from workbench.measure.live import LiveTensors
 
     torch.manual_seed(0)

@@ -33,7 +33,13 @@ import torch
 
 from workbench.core import hardware
 from workbench.engine.ending import RunInterrupted, remember
-from workbench.measure.counters import FlopCounter, SavedActivationCounter, gradient_bytes, optimizer_state_bytes, parameter_bytes
+from workbench.measure.counters import (
+    SavedActivationCounter,
+    gradient_bytes,
+    optimizer_state_bytes,
+    parameter_bytes,
+)
+from workbench.measure.flops import FlopCounter
 from workbench.measure.meters import IntervalMeter, MemoryMeter, mfu
 from workbench.measure.records import RunEnd, RunStart, Sink, StepRecord
 from workbench.measure.result import LoopDescription, MemoryBreakdown, RunResult

@@ -38,12 +38,12 @@ from workbench.engine.speedups import LoopPhases, compile_model, tf32_matmuls
 from workbench.engine.state import LoopState, LossWindow, build_result, evaluate
 from workbench.measure import oom
 from workbench.measure.counters import (
-    FlopCounter,
     SavedActivationCounter,
     gradient_bytes,
     optimizer_state_bytes,
     parameter_bytes,
 )
+from workbench.measure.flops import FlopCounter
 from workbench.measure.meters import IntervalMeter, MemoryMeter, Throughput, mfu
 from workbench.measure.records import RunEnd, RunStart, Sink, StepRecord
 from workbench.measure.result import RunResult

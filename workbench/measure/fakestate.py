@@ -92,13 +92,13 @@ def model_state(model_name: str, spec_key: tuple, dims: tuple, optimizer: str, w
     from workbench.core.optim import make_optimizer
     from workbench.core.trainable import freeze_parts, lora_shapes
     from workbench.measure.counters import (
-        FlopCounter,
         _held,
         gradient_bytes,
         optimizer_state_bytes,
         parameter_bytes,
         shard_rows,
     )
+    from workbench.measure.flops import FlopCounter
 
     choice = SimpleNamespace(**dict(zip(TRAINABLE_FIELDS, trainable)))
     if optimizer == "adamw8bit":

@@ -154,7 +154,8 @@ def _replay(model_name: str, spec_key: tuple, dims: tuple, precision: str, check
     """
     micro_batches = 2
     from workbench.core.models import loss_fn, set_activation_checkpointing
-    from workbench.measure.counters import FlopCounter, SavedActivationCounter
+    from workbench.measure.counters import SavedActivationCounter
+    from workbench.measure.flops import FlopCounter
 
     with fake_mode():
         model = build(model_name, spec_key, dims)
