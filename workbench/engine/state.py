@@ -133,7 +133,7 @@ def build_result(*, cfg: RunConfig, name: str, status: str, message: str, state:
     rates = timing.run_rates(flops_per_step=state.flops_per_step, text=text) if timing else None
     # The training steps' peak: read when training ended (evaluation comes after, at its own batch).
     raw_peak = state.train_peak_bytes if state.train_peak_bytes is not None else meter.peak_bytes()
-    held = state.held_before_bytes if meter.on_cuda else None
+    held = state.held_before_bytes  # read by run() on a GPU only
     # On a GPU the allocator counts every tensor of the process: what was there before the run
     # (a notebook's own model, an earlier run's leftovers) is not this run's peak.
     peak_bytes = raw_peak if raw_peak is None or held is None else max(0, raw_peak - held)

@@ -17,8 +17,15 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from workbench.core.config import RunConfig
-from workbench.measure import fakestate, fakestep
-from workbench.measure.estimate import _freeze, _spec_key, input_spec, model_key
+from workbench.core.hardware import resolve_device
+from workbench.measure import fakestep
+from workbench.measure.estimate import (
+    _freeze,
+    _spec_key,
+    estimate,
+    input_spec,
+    model_key,
+)
 
 __all__ = ["StepTimeline", "step_timeline"]
 
@@ -45,17 +52,13 @@ def step_timeline(config: RunConfig, *, device: str | None = None) -> StepTimeli
     """The live bytes of one micro-batch of `config`'s steady-state step (the first of its
     window: no gradients yet), on 'cpu' or 'cuda' (default: the config's device). A GPU's
     cuBLAS workspaces are left out: they are there all run long, like the model state."""
-    from workbench.core.hardware import resolve_device
-
     cfg = config.resolved()
+    # estimate() checks the config and the device and sizes the model state (cached: the same
+    # replay); only the step is replayed again here, with every block
+    resident = estimate(cfg, device=device).resident_bytes
     device = device or resolve_device(cfg.device)
     model = model_key(cfg)
-    spec_key = _spec_key(input_spec(cfg), model)
-    trainable = tuple(getattr(cfg, name) for name in fakestate.TRAINABLE_FIELDS)
-    state = fakestate.model_state(model, spec_key, _freeze(cfg.dims), cfg.optimizer, float(cfg.weight_decay),
-                                  bool(cfg.max_grad_norm), device, trainable)
     dims = _freeze({**cfg.dims, "attention": cfg.attention}) if cfg.model == "gpt" else _freeze(cfg.dims)
-    sim = fakestep.simulate(model, spec_key, dims, cfg.precision, cfg.activation_checkpointing, batch=cfg.batch_size,
-                            micro_batches=1, device=device, group=0)
-    levels = tuple(state.resident_bytes + level for level in sim.levels)
-    return StepTimeline(levels, sim.marks["backward.1"].index, state.resident_bytes)
+    sim = fakestep.simulate(model, _spec_key(input_spec(cfg), model), dims, cfg.precision,
+                            cfg.activation_checkpointing, batch=cfg.batch_size, micro_batches=1, device=device, group=0)
+    return StepTimeline(tuple(resident + level for level in sim.levels), sim.marks["backward.1"].index, resident)
