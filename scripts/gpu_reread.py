@@ -45,9 +45,9 @@ def evaluation_peak(config, batch: int, resident: int, workspaces: int) -> int:
     import torch
     import torch.nn.functional as F
 
-    from workbench.measure.estimate import _freeze, _spec_key, input_spec, model_key
-    from workbench.measure.fakemodel import fake_mode
-    from workbench.measure.fakestate import build
+    from workbench.planner.estimate import _freeze, _spec_key, input_spec, model_key
+    from workbench.planner.fakemodel import fake_mode
+    from workbench.planner.fakestate import build
     from workbench.measure.live import CUDA_BLOCK_BYTES, LiveTensors
 
     cfg = config.resolved()
@@ -73,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sys.path.insert(0, str(pathlib.Path(__file__).parents[1]))
     from workbench import RunConfig
-    from workbench.measure.fakecuda import cublas_workspace_bytes
-    from workbench.measure.estimate import estimate
+    from workbench.planner.fakecuda import cublas_workspace_bytes
+    from workbench.planner.estimate import estimate
 
     summary = json.loads(args.summary.read_text())
     capability = tuple(int(v) for v in summary["machine"].get("capability", "9.0").split("."))

@@ -4,7 +4,7 @@ import pytest
 
 from workbench import RunConfig
 from workbench.measure.probe import make_probe
-from workbench.techniques import accumulation_pitfalls as pitfalls
+from workbench.lessons import accumulation as pitfalls
 
 
 def test_batchnorm_breaks_accumulation_and_layernorm_does_not():

@@ -11,7 +11,7 @@ from workbench.measure.counters import (
 )
 from workbench.measure.flops import count_flops
 from workbench.measure.probe import gradients, make_probe
-from workbench.techniques.checkpointing import (
+from workbench.lessons.checkpointing import (
     Segments,
     checkpoint_sequential_forward,
     checkpointing_dial,

@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
-from workbench.techniques import dali
-from workbench.techniques import input_pipelines as pl
+from workbench.lessons import input_pipelines as dali
+from workbench.lessons import input_pipelines as pl
 
 needs_dali = pytest.mark.skipif(not dali.dali_available(),
                                 reason=f"NVIDIA DALI is not installed ({dali.INSTALL_COMMAND})")
@@ -36,7 +36,7 @@ def test_dali_device_names_are_checked_before_anything_is_built() -> None:
 
 
 def test_importing_the_dali_module_does_not_import_dali() -> None:
-    code = "import sys, json, workbench.techniques.dali; print(json.dumps('nvidia.dali' in sys.modules))"
+    code = "import sys, json, workbench.lessons.input_pipelines; print(json.dumps('nvidia.dali' in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(out.strip().splitlines()[-1]) is False
 

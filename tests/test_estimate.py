@@ -8,11 +8,11 @@ import pytest
 
 from workbench import RunConfig, run
 from workbench.core.data import load_data
-from workbench.measure import estimate as estimate_module
+from workbench.planner import estimate as estimate_module
 from workbench.measure.counters import gpt_activation_bytes_formula
-from workbench.measure.estimate import accelerate_estimate, estimate, input_spec
+from workbench.planner.estimate import accelerate_estimate, estimate, input_spec
 from workbench.measure.flops import gpt_flops_formula
-from workbench.techniques.peakcheck import check_peak
+from workbench.lessons.planner import check_peak
 
 BIG = dict(n_layer=32, n_head=32, d_model=2560)  # Pythia-2.8B's shape (GPT-Neo 2.7B has 20 heads), a "3B"
 
@@ -131,8 +131,8 @@ def test_cuda_softmax_reads_fp16_scores_in_place_and_copies_bf16_ones_to_fp32(dt
     # 2.4% and 2.8% above the replay.
     import torch
 
-    from workbench.measure.fakecuda import CudaAutocastPolicy
-    from workbench.measure.fakemodel import fake_mode
+    from workbench.planner.fakecuda import CudaAutocastPolicy
+    from workbench.planner.fakemodel import fake_mode
     from workbench.measure.live import LiveTensors
 
     low = getattr(torch, dtype)
@@ -192,7 +192,7 @@ def test_estimate_rejects_what_it_cannot_size_with_one_line_errors():
 ])
 def test_a_micro_batch_read_off_the_replays_at_2_and_3_samples_equals_its_own_replay(
         model, dims, seq_len, precision, checkpointing, device, group):
-    from workbench.measure import fakestep
+    from workbench.planner import fakestep
 
     cfg = RunConfig(model=model, dims=dims, seq_len=seq_len).resolved()
     key, frozen = estimate_module._spec_key(input_spec(cfg)), estimate_module._freeze(dims)
@@ -227,7 +227,7 @@ def test_the_cuda_replay_predicts_the_peaks_an_h200_measured_within_5_percent(no
     import json
     from pathlib import Path
 
-    from workbench.measure.fakecuda import cublas_workspace_bytes
+    from workbench.planner.fakecuda import cublas_workspace_bytes
 
     summary = json.loads((Path(__file__).parents[1] / "docs/gpu-reference/run1/summary.json").read_text())
     runs = summary["notebooks"][notebook]["claims"]["runs"]
@@ -243,7 +243,7 @@ def test_the_cuda_replay_predicts_the_peaks_an_h200_measured_within_5_percent(no
 @pytest.mark.parametrize("changes", [dict(model="mlp", batch_size=2048), dict(model="gpt", activation_checkpointing="all"),
                                      dict(model="gpt", precision="bf16", dims=dict(n_layer=3, n_head=2, d_model=32))])
 def test_a_steps_timeline_is_the_replay_estimate_reads_with_the_whole_model(changes):
-    from workbench.measure.timeline import step_timeline
+    from workbench.planner.timeline import step_timeline
 
     cfg = RunConfig(preset="cpu-quick", **changes)
     timeline, est = step_timeline(cfg), estimate(cfg)

@@ -1,6 +1,6 @@
 import pytest
 
-from workbench.techniques.exercises import WrongAnswer, check
+from workbench.lessons.exercises import WrongAnswer, check
 
 
 def test_an_unanswered_exercise_does_not_fail(capsys):

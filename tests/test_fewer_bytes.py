@@ -19,7 +19,7 @@ from workbench.engine.launch import launch_function
 from workbench.engine.train import run
 from workbench.measure.communication import CollectiveCounter, wire_bytes
 from workbench.measure.counters import optimizer_state_bytes, shard_rows, sharded_bytes
-from workbench.measure.estimate import estimate
+from workbench.planner.estimate import estimate
 
 D, L, S, V = 32, 2, 16, 256  # tiny GPT: width, blocks, sequence, byte vocabulary
 TINY_GPT = dict(model="gpt", dims={"n_layer": L, "n_head": 2, "d_model": D}, seq_len=S, batch_size=4,
@@ -243,7 +243,7 @@ def test_estimate_of_a_sharded_config_needs_the_process_count():
 
 
 def test_the_planner_offers_freezing_lora_and_sharding_with_their_costs():
-    from workbench.techniques.planning import Target, plan
+    from workbench.planner.planning import Target, plan
 
     base = RunConfig(**TINY_GPT)
     plain = estimate(base)

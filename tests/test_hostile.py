@@ -36,7 +36,7 @@ from workbench.measure.oom import (
     parse_size,
 )
 from workbench.measure.records import RunEnd
-from workbench.techniques.planning import Target, plan
+from workbench.planner.planning import Target, plan
 from workbench.views.sinks import RecordingSink, TextSink
 
 # digits: 1,437 training images; 44 batches of 32 an epoch. A step takes about a millisecond.
@@ -308,7 +308,7 @@ def test_the_cli_refuses_it_in_one_line_with_exit_status_2(capsys):
 @pytest.mark.parametrize("model, batch, how", [("gpt", 8, r"estimate\(\) on fake tensors"),
                                                ("minilm", 64, "bound from MiniLM's config.json")])
 def test_between_floor_and_limit_the_estimate_decides(monkeypatch, model, batch, how):
-    import workbench.measure.fit as fit
+    import workbench.planner.fit as fit
 
     config = RunConfig(model=model, batch_size=batch).resolved()
     floor, need = fit.floor_bytes(config).total, fit.need_bytes(config).total
@@ -323,7 +323,7 @@ def test_between_floor_and_limit_the_estimate_decides(monkeypatch, model, batch,
 
 
 def test_minilm_whose_weights_do_not_fit_is_told_its_size_is_fixed(monkeypatch):
-    import workbench.measure.fit as fit
+    import workbench.planner.fit as fit
 
     monkeypatch.setattr(fit, "free_bytes", lambda: 100 * 2**20)  # less than MiniLM's 347 MiB of model state
     with pytest.raises(fit.DoesNotFit) as info:
@@ -333,7 +333,7 @@ def test_minilm_whose_weights_do_not_fit_is_told_its_size_is_fixed(monkeypatch):
 
 
 def test_free_memory_honours_the_address_space_limit():
-    from workbench.measure.fit import free_bytes
+    from workbench.planner.fit import free_bytes
 
     with address_space_limit() as limit:
         vm_size = int(next(line for line in open("/proc/self/status") if line.startswith("VmSize:")).split()[1]) * 1024
@@ -341,7 +341,7 @@ def test_free_memory_honours_the_address_space_limit():
 
 
 def test_a_real_cpu_allocation_failure_ends_as_oom_and_the_process_goes_on(monkeypatch):
-    import workbench.measure.fit as fit
+    import workbench.planner.fit as fit
 
     # The estimate switched off, the first layer's output (1,437 x 2**19 floats, 3 GB) does not
     # fit the address space left: the allocator itself fails, at once.
@@ -619,8 +619,8 @@ def test_plan_refuses_unknown_checkpointing(target):
 def test_a_batch_search_reads_a_refused_try_as_out_of_memory_and_shrinks():
     from types import SimpleNamespace
 
-    from workbench.measure.fit import DoesNotFit
-    from workbench.techniques.plancheck import search_micro_batch
+    from workbench.planner.fit import DoesNotFit
+    from workbench.lessons.planner import search_micro_batch
 
     def runner(config, **kwargs):  # what run() does when check_fits refuses the larger batches
         if config.batch_size >= 8:
@@ -741,7 +741,7 @@ def test_a_diverged_run_exits_the_cli_with_status_1(capsys, monkeypatch):
 
 def test_a_bool_bit_width_is_refused_in_one_line():
     pytest.importorskip("torchao")
-    from workbench.techniques.quantization import weight_intx
+    from workbench.lessons.quantization import weight_intx
 
     with pytest.raises(ValueError) as info:
         weight_intx(torch.nn.Sequential(torch.nn.Linear(8, 8)), bits=True)
@@ -755,7 +755,7 @@ def test_run_refuses_a_config_that_is_not_a_run_config():
 
 def test_static_int8_names_a_calibration_batch_the_model_cannot_take():
     pytest.importorskip("torchao")
-    from workbench.techniques.quantization import static_int8
+    from workbench.lessons.quantization import static_int8
 
     with pytest.raises(ValueError) as info:
         static_int8(torch.nn.Sequential(torch.nn.Linear(8, 8)), torch.zeros(4, 3))

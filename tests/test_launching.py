@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from workbench.techniques.launching import LaunchHung, notebook_launch
+from workbench.lessons.multi_gpu import LaunchHung, notebook_launch
 
 
 def _world():

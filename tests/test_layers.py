@@ -1,10 +1,11 @@
 """The package's layers, read from its own imports: arrows point down, and nothing cycles.
 
     core        config, presets, hardware, models, data: what to run, on what, where
-    measure     exact counters, meters, records, results, estimates
+    measure     exact counters, meters, records, results
+    planner     the estimator (a step replayed on fake tensors), the fit check, plans
     engine      the loop on accelerate, its state, save/resume, N processes
     views       sinks, the live dashboard, comparisons
-    techniques  one module per notebook
+    lessons     one module per notebook: its demos, checks and dials
     top         workbench/__init__.py, api.py, cli.py, __main__.py
 
 A module may import its own layer and the layers below; engine and views sit side by side
@@ -21,7 +22,7 @@ import pathlib
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "workbench"
-RANK = {"core": 0, "measure": 1, "engine": 2, "views": 2, "techniques": 3, "top": 4}
+RANK = {"core": 0, "measure": 1, "planner": 2, "engine": 3, "views": 3, "lessons": 4, "top": 5}
 
 
 def module_name(path: pathlib.Path) -> str:
@@ -118,8 +119,8 @@ def test_the_checker_sees_function_level_and_relative_imports(tmp_path: pathlib.
     # The checker itself must not be blind: a planted upward import inside a function.
     fake = PACKAGE / "core" / "_layer_probe.py"
     try:
-        fake.write_text("def f():\n    from workbench.views import dashboard\n    from ..techniques import planning\n")
+        fake.write_text("def f():\n    from workbench.views import dashboard\n    from ..lessons import planner\n")
         found = [m for _, m in imports(fake)]
-        assert found == ["workbench.views.dashboard", "workbench.techniques.planning"]
+        assert found == ["workbench.views.dashboard", "workbench.planner.planning"]
     finally:
         fake.unlink()

@@ -13,8 +13,8 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from workbench import RunConfig, run
 from workbench.core.config import ConfigError
-from workbench.measure.estimate import estimate
-from workbench.measure.fit import DoesNotFit, check_fits, floor_bytes
+from workbench.planner.estimate import estimate
+from workbench.planner.fit import DoesNotFit, check_fits, floor_bytes
 from workbench.views.sinks import RecordingSink
 
 QUICK = dict(steps=4, log_every=2, eval_samples=0)
@@ -231,7 +231,7 @@ def test_a_forward_that_reads_the_datas_values_cannot_be_estimated_but_still_run
 
 
 def test_the_planner_ranks_plans_for_your_module():
-    from workbench.techniques.planning import Target, plan
+    from workbench.planner.planning import Target, plan
 
     plans = plan(RunConfig(model=MyMLP(), data="mnist", batch_size=64),
                  target=Target.gpu("A100 SXM4 40GB", memory_bytes=40 * 2**30), effective_batch=64)
@@ -242,7 +242,7 @@ def test_the_planner_ranks_plans_for_your_module():
 
 
 def test_the_planner_times_your_module_on_this_machine():
-    from workbench.techniques.planning import Target, plan
+    from workbench.planner.planning import Target, plan
 
     plans = plan(RunConfig(model=Tiny(), data=pairs(), batch_size=32),
                  target=Target.this_machine(memory_budget_bytes=2**20, precisions=("fp32",)), effective_batch=32,

@@ -25,8 +25,8 @@ from workbench.core.data import (
     load_data,
 )
 from workbench.core.data.catalog import MNIST_MEAN, MNIST_STD
-from workbench.techniques import input_pipelines as pl
-from workbench.techniques import pipeline_bench as bench
+from workbench.lessons import input_pipelines as pl
+from workbench.lessons import input_pipelines as bench
 from workbench.views.sinks import RecordingSink
 
 REPO = Path(__file__).resolve().parents[1]

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from workbench import RunConfig
-from workbench.measure.estimate import estimate
+from workbench.planner.estimate import estimate
 from workbench.measure.oom import parse_oom
-from workbench.techniques.plancheck import max_micro_batch, search_micro_batch, verify
-from workbench.techniques.planning import Target, explain, plan
+from workbench.lessons.planner import max_micro_batch, search_micro_batch, verify
+from workbench.planner.planning import Target, explain, plan
 
 MiB = 2**20
 BUDGET = 16 * MiB
@@ -118,7 +118,7 @@ def test_tf32_decides_what_fp32_runs_at_and_bf16_gains_no_more_than_the_peaks_al
 
 
 def test_this_machine_times_each_micro_batch_once_and_adds_the_optimizer_step(monkeypatch):
-    from workbench.techniques.speed import MeasuredHere
+    from workbench.planner.speed import MeasuredHere
 
     timed = []
 
@@ -138,7 +138,7 @@ def test_this_machine_times_each_micro_batch_once_and_adds_the_optimizer_step(mo
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: max_memory_allocated")
 def test_the_predicted_peak_is_within_10_percent_of_cudas_max_memory_allocated():
-    from workbench.techniques.peakcheck import check_peak
+    from workbench.lessons.planner import check_peak
 
     for changes in ({}, {"activation_checkpointing": "all"}, {"grad_accum_steps": 2}):
         cfg = RunConfig(model="gpt", device="cuda", preset="gpu", steps=3, eval_samples=0, batch_size=8, **changes)

@@ -14,13 +14,13 @@ from workbench.measure.counters import (
     SavedActivationCounter,
     gpt_activation_bytes_formula,
 )
-from workbench.techniques import mixed_precision as precision_module
-from workbench.techniques.autocast_dtypes import (
+from workbench.lessons import mixed_precision as precision_module
+from workbench.lessons.mixed_precision import (
     autocast_policy,
     inspect_model,
     inspect_precision,
 )
-from workbench.techniques.mixed_precision import (
+from workbench.lessons.mixed_precision import (
     accelerate_setup,
     gpt_activation_bytes_autocast,
     loss_saved_bytes,

@@ -1,4 +1,4 @@
-"""PTQ and QAT (workbench.techniques.quantization) and their measurements (workbench.techniques.quant_report), on CPU."""
+"""PTQ and QAT (workbench.lessons.quantization) and their measurements (workbench.lessons.quantization), on CPU."""
 
 import logging
 import statistics
@@ -10,8 +10,8 @@ from torch import nn
 
 import workbench as wb
 from workbench.core import torchao_support
-from workbench.techniques import quantization as wq
-from workbench.techniques.quant_report import (
+from workbench.lessons import quantization as wq
+from workbench.lessons.quantization import (
     QuantResult,
     compare_quantized,
     linear_weight_bytes,

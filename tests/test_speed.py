@@ -22,9 +22,9 @@ from workbench.measure.counters import (
 )
 from workbench.measure.flops import FlopCounter
 from workbench.measure.result import RunResult
-from workbench.techniques.profiling import TIMED_PHASES, phase_times, profile_run
-from workbench.techniques.speed_bench import optimizer_bench, step_bench
-from workbench.techniques.speed_switches import (
+from workbench.lessons.speed import TIMED_PHASES, phase_times, profile_run
+from workbench.lessons.speed import optimizer_bench, step_bench
+from workbench.lessons.speed import (
     attention_kernels,
     compile_payback,
     graph_breaks,
@@ -244,7 +244,7 @@ def test_tf32_is_allowed_inside_and_restored_after():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="TF32 is a CUDA tensor-core format; no GPU here")
 def test_tf32_speeds_up_fp32_matmuls_on_an_ampere_gpu():
-    from workbench.techniques.speed_switches import matmul_tf32_speedup
+    from workbench.lessons.speed import matmul_tf32_speedup
 
     if torch.cuda.get_device_capability() < (8, 0):
         pytest.skip("TF32 needs compute capability 8.0+")

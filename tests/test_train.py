@@ -126,7 +126,7 @@ DEEP = dict(model="gpt", dims={"n_layer": 12, "n_head": 4, "d_model": 48}, seq_l
 
 
 def test_the_first_step_counted_for_flops_peaks_no_higher_than_the_steps_after_it():
-    from workbench.techniques.peakcheck import measure_step_peak
+    from workbench.lessons.planner import measure_step_peak
 
     first, second, third = measure_step_peak(RunConfig(**DEEP), steps=3).tensor_bytes
     # Step 1 counts FLOPs and saved bytes and only makes the optimizer state at its end; later

@@ -21,13 +21,15 @@ from workbench.core.compile_cache import separate_capped_cache  # noqa: E402
 
 separate_capped_cache()
 
-# public name -> module that defines it (the layers: core, measure, engine, views, techniques)
+# public name -> module that defines it (the layers: core, measure, planner, engine, views, lessons)
 _EXPORTS = {
     "RunConfig": "core.config",
     "ConfigError": "core.config",
     "run": "api",
     "launch": "api",
     "monitor": "api",
+    "training_parts": "api",
+    "claims": "lessons.exercises",
     "last_result": "engine.ending",
     "RunInterrupted": "engine.ending",
     "RunResult": "measure.result",
@@ -47,14 +49,15 @@ _EXPORTS = {
     "RecordingSink": "views.sinks",
     "format_bytes": "core.report",
     "Dashboard": "views.dashboard",
-    "check": "techniques.exercises",
+    "check": "lessons.exercises",
+    "agree": "lessons.exercises",
     "launch_function": "engine.launch",
     "LaunchError": "engine.launch",
-    "Estimate": "measure.estimate",
-    "estimate": "measure.estimate",
+    "Estimate": "planner.estimate",
+    "estimate": "planner.estimate",
     "parse_oom": "measure.oom",
-    "plan": "techniques.planning",
-    "Target": "techniques.planning",
+    "plan": "planner.planning",
+    "Target": "planner.planning",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -73,7 +76,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from workbench.api import launch, monitor, run
+    from workbench.api import launch, monitor, run, training_parts
     from workbench.core.config import ConfigError, RunConfig
     from workbench.core.data import load_data
     from workbench.core.hardware import hardware_report
@@ -82,12 +85,12 @@ if TYPE_CHECKING:
     from workbench.core.report import format_bytes
     from workbench.engine.ending import RunInterrupted, last_result
     from workbench.engine.launch import LaunchError, launch_function
-    from workbench.measure.estimate import Estimate, estimate
+    from workbench.planner.estimate import Estimate, estimate
     from workbench.measure.oom import parse_oom
     from workbench.measure.records import RunEnd, RunStart, Sink, StepRecord
     from workbench.measure.result import MemoryBreakdown, RunResult
-    from workbench.techniques.exercises import check
-    from workbench.techniques.planning import Target, plan
+    from workbench.lessons.exercises import agree, check, claims
+    from workbench.planner.planning import Target, plan
     from workbench.views.compare import Comparison, compare
     from workbench.views.dashboard import Dashboard
     from workbench.views.sinks import RecordingSink, TextSink

@@ -7,8 +7,8 @@ log everywhere else) is made here, at the top, where both may be used.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple
 
 from workbench.core.config import RunConfig
 from workbench.engine import launch as _launch
@@ -50,3 +50,44 @@ def monitor(model: Any, optimizer: Any = None, *, steps: int, name: str = "hand-
 run.__doc__ = f"{run.__doc__}\n\n{_train.run.__doc__}"
 launch.__doc__ = f"{launch.__doc__}\n\n{_launch.launch.__doc__}"
 monitor.__doc__ = f"{monitor.__doc__}\n\n{_monitor.monitor.__doc__}"
+
+
+class TrainingParts(NamedTuple):
+    config: RunConfig
+    model: Any
+    optimizer: Any
+    batches: Iterator[dict]
+
+
+def training_parts(config: RunConfig, *, device: str | None = None) -> TrainingParts:
+    """What `run(config)` trains with, for a loop written by hand: the resolved config, the
+    model (the same seeded weights, on `device`), its optimizer, and an endless iterator of
+    batches (a new seeded shuffle each pass, as `run()`'s), each already on `device`.
+
+    So a hand loop and `run()` with the same switch can be compared step for step
+    (`wb.agree`). `device` defaults to the config's.
+
+    Example:
+        >>> c, model, optimizer, batches = training_parts(RunConfig(model="mlp"))  # doctest: +SKIP
+    """
+    from workbench.core import custom
+    from workbench.core.data import build_dataloader
+    from workbench.core.hardware import resolve_device
+    from workbench.core.models import build_model
+    from workbench.core.optim import make_optimizer
+
+    c = config.resolved()
+    device = device or resolve_device(c.device)
+    bundle = custom.load_bundle(c)  # as run() loads it: a built-in set by name, or your dataset
+    model = (build_model(c.model, data=bundle, dims=c.dims, seed=c.seed) if isinstance(c.model, str)
+             else custom.checked_copy(c.model, bundle, seed=c.seed)).to(device)
+    optimizer = make_optimizer(model, c)
+    loader = build_dataloader(bundle.train, batch_size=c.batch_size, shuffle=True, seed=c.seed,
+                              collate_fn=bundle.collate_fn)
+
+    def batches() -> Iterator[dict]:
+        while True:  # itertools.cycle would replay the first pass's order; run() reshuffles each pass
+            for batch in loader:
+                yield {k: v.to(device) for k, v in batch.items()}
+
+    return TrainingParts(c, model, optimizer, batches())

@@ -101,7 +101,7 @@ class RunConfig:
     qat: QATScheme = "none"
     """Quantization-aware training: 'int8', 'int4', 'int3' or 'int2' fake-quantizes Linear weights
     to that many bits (per output channel) and activations to int8 in training (torchao);
-    convert after with workbench.techniques.quantization.convert_qat. 'none': plain training."""
+    convert after with workbench.lessons.quantization.convert_qat. 'none': plain training."""
     seq_len: int | None = None
     """Tokens per sample for the text models."""
     num_workers: int = 0

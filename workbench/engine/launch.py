@@ -307,7 +307,7 @@ def launch(config: RunConfig, *, num_processes: int = 2, name: str | None = None
         >>> two = launch(RunConfig(model="mlp", steps=20), num_processes=2, name="2 processes")  # doctest: +SKIP
     """
     from workbench.core import hardware
-    from workbench.measure.fit import check_fits
+    from workbench.planner.fit import check_fits
 
     if not isinstance(config, RunConfig):
         raise TypeError(f"config must be a RunConfig, got {type(config).__name__}; use launch_function for a function")

@@ -3,7 +3,7 @@
 `RunConfig(qat="int4")` makes every Linear layer fake-quantize in forward (int8 activations,
 `bits`-bit per-channel weights), so training sees the rounding it will suffer and learns
 around it. Converting the trained model to real low-bit weights is the technique's
-(`workbench.techniques.quantization.convert_qat`).
+(`workbench.lessons.quantization.convert_qat`).
 """
 
 from __future__ import annotations

@@ -113,7 +113,7 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
         set_activation_checkpointing,
         set_attention,
     )
-    from workbench.measure.fit import check_fits
+    from workbench.planner.fit import check_fits
 
     if not isinstance(config, RunConfig):
         raise TypeError(f"config must be a RunConfig, got {type(config).__name__}; pass e.g. RunConfig(model='mlp')")

@@ -46,7 +46,7 @@ class Throughput:
 
 # The loop keeps its losses since the last log step in this many device-side slots (and three
 # running figures) for the whole run: constant memory, so the estimate's replay of a step
-# (measure/fakestep.py) finds the same live bytes at every step (engine/state.LossWindow).
+# (planner/fakestep.py) finds the same live bytes at every step (engine/state.LossWindow).
 LOSS_WINDOW_SLOTS = 64
 
 

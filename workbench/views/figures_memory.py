@@ -82,7 +82,7 @@ def step_timeline_figure(timelines: Mapping[str, Any]) -> Picture:
     block at a time: a tooth per block). x is the share of the step's allocations made.
 
     Args:
-        timelines: label -> a `measure.timeline.StepTimeline` (levels, forward_end, resident_bytes).
+        timelines: label -> a `planner.timeline.StepTimeline` (levels, forward_end, resident_bytes).
 
     Example:
         >>> from types import SimpleNamespace as T

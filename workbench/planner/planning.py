@@ -13,7 +13,7 @@ The measured, deterministic version of "ask an LLM which techniques to combine" 
   text, e.g. a local model) to have it explain instead; the ranking stays deterministic;
 - checking a plan against real runs lives in `plancheck.py`.
 
-Speed comes from the target's speed model (`techniques.speed`), and every table says which:
+Speed comes from the target's speed model (`planner.speed`), and every table says which:
 on a GPU on paper a roofline **lower bound** (each op of the replayed step at the slower of
 its FLOPs at the data-sheet peak and its bytes at the memory bandwidth: a small micro-batch
 re-reads the weights and is bound by memory; fp32 matmuls on TF32 only where torch allows
@@ -38,7 +38,7 @@ from workbench.core import custom
 from workbench.core.config import ConfigError, RunConfig
 from workbench.core.optim import OPTIMIZERS
 from workbench.core.report import Report, format_bytes
-from workbench.measure.estimate import Estimate, estimate
+from workbench.planner.estimate import Estimate, estimate
 
 __all__ = ["Target", "Plan", "Plans", "plan", "explain"]
 
@@ -57,7 +57,7 @@ class Target:
     simulated: bool = False
     """A simulated budget: plans fit on run()'s exact counts (no temporaries, no buffers)."""
     speed: Any = None
-    """Predicts a plan's step seconds (`techniques.speed`: Roofline, MeasuredHere); None:
+    """Predicts a plan's step seconds (`planner.speed`: Roofline, MeasuredHere); None:
     FLOPs at `peak_flops`, a bound that ignores memory traffic."""
     device: str = "cpu"
     """The device whose step the estimates replay ('cpu' or 'cuda')."""
@@ -68,7 +68,7 @@ class Target:
 
     @property
     def speed_model(self) -> Any:
-        from workbench.techniques.speed import Roofline
+        from workbench.planner.speed import Roofline
 
         return self.speed or Roofline(self.peak_flops, None)
 
@@ -114,7 +114,7 @@ class Target:
             precision_support,
             resolve_device,
         )
-        from workbench.techniques.speed import MeasuredHere
+        from workbench.planner.speed import MeasuredHere
 
         if not _whole(memory_budget_bytes) or memory_budget_bytes < 1:
             raise ValueError(f"memory_budget_bytes={memory_budget_bytes!r} must be a whole number of bytes >= 1; "
@@ -142,7 +142,7 @@ def _roofline(key: str, *, tf32: bool) -> Any:
     """A roofline from GPU_SPECS[key]: its dense peaks (fp32 matmuls on TF32 if `tf32` and the
     card has it) and its memory bandwidth."""
     from workbench.core.hardware import GPU_SPECS
-    from workbench.techniques.speed import Roofline
+    from workbench.planner.speed import Roofline
 
     spec = GPU_SPECS[key]
     peaks = {p: t * 1e12 for p, t in spec.tflops.items() if p != "tf32"}

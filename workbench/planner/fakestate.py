@@ -23,8 +23,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from workbench.measure.fakecuda import device_bytes
-from workbench.measure.fakemodel import ModuleKey, fake_copy, fake_mode
+from workbench.planner.fakecuda import device_bytes
+from workbench.planner.fakemodel import ModuleKey, fake_copy, fake_mode
 from workbench.measure.live import CUDA_BLOCK_BYTES, LiveTensors
 
 __all__ = ["ALL_TRAIN", "TRAINABLE_FIELDS", "ModelState", "build", "model_state"]

@@ -1,6 +1,6 @@
 """What a CUDA device does differently from a CPU's, for the replay on CPU fake tensors.
 
-`measure.fakestep` replays a training step on CPU fake tensors; on a GPU (`device="cuda"`)
+`planner.fakestep` replays a training step on CPU fake tensors; on a GPU (`device="cuda"`)
 these differ, and this module supplies them:
 
 - autocast: CUDA's runs its float32-listed ops (`softmax`, `layer_norm`, ...) in fp32 where

@@ -26,6 +26,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+
 __all__ = ["LaunchHung", "notebook_launch"]
 
 

@@ -1,7 +1,7 @@
 """One training step's memory, moment by moment: the live bytes after every allocation.
 
 `step_timeline(config)` replays one micro-batch of `run()`'s steady-state step on fake tensors
-(`measure.fakestep`, the replay `estimate()` reads: on a CPU it equals the tracked real step
+(`planner.fakestep`, the replay `estimate()` reads: on a CPU it equals the tracked real step
 to the byte) with the whole model, no blocks scaled, and returns the live bytes after each
 allocation of its forward and backward, the model state (parameters, buffers, optimizer
 state) included: the curve a memory profiler draws, without running the step.
@@ -18,8 +18,8 @@ from typing import NamedTuple
 
 from workbench.core.config import RunConfig
 from workbench.core.hardware import resolve_device
-from workbench.measure import fakestep
-from workbench.measure.estimate import (
+from workbench.planner import fakestep
+from workbench.planner.estimate import (
     _freeze,
     _spec_key,
     estimate,

@@ -15,11 +15,11 @@ storage: a 3B model costs nothing) and follows every tensor with `measure.live.L
   foreach form on a GPU holds a square-root copy of every parameter at once; the
   per-parameter form on a CPU one parameter's worth), after clipping if configured.
 
-On a GPU (`device="cuda"`), three things differ, and are replayed (`measure.fakecuda`): every
+On a GPU (`device="cuda"`), three things differ, and are replayed (`planner.fakecuda`): every
 storage is rounded up to the CUDA allocator's 512-byte blocks; autocast runs `softmax` (and
 CUDA's other float32-listed ops) in fp32 where the CPU's autocast keeps 16 bits, which for
 attention keeps an fp32 and a 16-bit copy of every score matrix; the optimizer takes its
-foreach form (`measure.fakestate`, the model state and its optimizer step). The data loader's
+foreach form (`planner.fakestate`, the model state and its optimizer step). The data loader's
 look-ahead batch lives in host memory there, not on the device.
 
 A GPT is replayed with at most two groups of blocks (a group is one block, or a
@@ -46,9 +46,9 @@ import torch
 from torch import nn
 
 from workbench.core.precisions import AUTOCAST_DTYPES
-from workbench.measure.fakecuda import CudaAutocastPolicy, run_backward
-from workbench.measure.fakemodel import fake_mode, sample
-from workbench.measure.fakestate import build
+from workbench.planner.fakecuda import CudaAutocastPolicy, run_backward
+from workbench.planner.fakemodel import fake_mode, sample
+from workbench.planner.fakestate import build
 from workbench.measure.live import CUDA_BLOCK_BYTES, LiveTensors
 from workbench.measure.meters import LOSS_WINDOW_SLOTS
 

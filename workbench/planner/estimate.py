@@ -1,6 +1,6 @@
 """Estimate a training step's memory and FLOPs before running it, without allocating.
 
-`estimate(config)` replays `run()`'s training step on fake tensors (`measure.fakestep`:
+`estimate(config)` replays `run()`'s training step on fake tensors (`planner.fakestep`:
 shapes and dtypes, no storage, so a 3B-parameter model costs nothing) and reads off, with
 the same exact counters `run()` uses:
 
@@ -19,7 +19,7 @@ allocation to 512 bytes, runs softmax in fp32 under autocast, takes the optimize
 form and keeps two cuBLAS workspaces; a CPU holds the data loader's next batch too.
 
 Your own module (`RunConfig(model=MyNet())`) is replayed whole on a fake copy of it
-(`measure.fakemodel`): its inputs' and labels' shapes from the data, its logits' from one fake
+(`planner.fakemodel`): its inputs' and labels' shapes from the data, its logits' from one fake
 forward. A GPT is replayed with two groups of blocks and scaled to its depth (the blocks are
 identical, so every moment's live bytes are affine in the number of groups between them).
 
@@ -46,8 +46,8 @@ from workbench.core.data import DATASETS
 from workbench.core.models import MODEL_SPECS
 from workbench.core.precisions import DTYPES
 from workbench.core.report import Report, counted_rows, format_bytes
-from workbench.measure import fakecuda, fakestate, fakestep
-from workbench.measure.fakemodel import ModuleKey, cannot_trace, fake_mode, own_spec_key
+from workbench.planner import fakecuda, fakestate, fakestep
+from workbench.planner.fakemodel import ModuleKey, cannot_trace, fake_mode, own_spec_key
 
 __all__ = ["Estimate", "accelerate_estimate", "estimate", "input_spec", "model_key"]
 

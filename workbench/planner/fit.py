@@ -212,7 +212,7 @@ def need_bytes(cfg: RunConfig) -> Need | None:
     """The estimate of one process's peak (None when it cannot be estimated offline)."""
     if cfg.model == "minilm":
         return _minilm_bound(cfg)
-    from workbench.measure.estimate import estimate
+    from workbench.planner.estimate import estimate
 
     try:
         est = estimate(cfg)

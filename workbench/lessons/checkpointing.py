@@ -23,18 +23,17 @@ import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint_sequential
-
 from workbench.core.models import GPT, loss_fn, set_activation_checkpointing
 from workbench.core.report import Results, format_bytes
 from workbench.core.saved import note_saved
 from workbench.measure.contention import CoreShare, core_share
 from workbench.measure.counters import SavedActivationCounter
 from workbench.measure.probe import gradients, max_relative_difference, step_peak
+
 
 __all__ = ["Segments", "segment_blocks", "checkpoint_sequential_forward", "DialPoint", "Dial",
            "checkpointing_dial"]

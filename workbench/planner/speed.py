@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import torch
 
 from workbench.core import custom
-from workbench.measure.estimate import Estimate
+from workbench.planner.estimate import Estimate
 
 __all__ = ["MeasuredHere", "Roofline", "SpeedModel"]
 
@@ -97,7 +97,7 @@ class MeasuredHere:
         )
         from workbench.core.optim import make_optimizer
         from workbench.core.precisions import AUTOCAST_DTYPES
-        from workbench.measure.estimate import input_spec
+        from workbench.planner.estimate import input_spec
 
         spec = input_spec(cfg, vocab_size=vocab_size)
         with torch.random.fork_rng():  # timing must not move the global RNG the runs draw from
@@ -143,7 +143,7 @@ class MeasuredHere:
 
 def _shape_key(cfg: Any, vocab_size: int | None) -> tuple:
     """What fixes the model and its inputs' shapes (a dataset passed in: by identity)."""
-    from workbench.measure.estimate import model_key
+    from workbench.planner.estimate import model_key
 
     data = cfg.data if isinstance(cfg.data, str) else id(cfg.data)
     return model_key(cfg), data, cfg.seq_len, repr(cfg.dims), vocab_size

@@ -1,0 +1,75 @@
+"""Words a learner reads in each notebook: the core path, and the optional depth beside it.
+
+    python scripts/course_words.py              # a table for every notebook in notebooks/
+    python scripts/course_words.py --max 1000   # and exit 1 when a core path is longer
+
+Counted: the words (whitespace-separated) of markdown cells. A section whose heading starts
+with "Optional" (`## Optional: ...`) is optional down to the next heading of its level or
+higher; everything else is the core path. Cells tagged `solution` are answers, read after
+the exercise (they are not in the learners' copies), and are counted apart. A learner's
+minutes are estimated from them (see `learner_minutes`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import re
+import sys
+
+NOTEBOOKS = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
+HEADING = re.compile(r"^(#{1,6})\s+(.*)$")
+# Reading technical prose with code beside it: ~150 words a minute (plain prose runs 200-250).
+WORDS_PER_MINUTE = 150
+
+
+def words(notebook: pathlib.Path) -> dict[str, int]:
+    """{"core": n, "optional": n, "solution": n} markdown words of one notebook."""
+    counts = {"core": 0, "optional": 0, "solution": 0}
+    optional_level = None  # the level of the "Optional" heading we are under, if any
+    for cell in json.loads(notebook.read_text())["cells"]:
+        if cell["cell_type"] != "markdown":
+            continue
+        text = "".join(cell["source"])
+        if "solution" in cell.get("metadata", {}).get("tags", []):
+            counts["solution"] += len(text.split())
+            continue
+        for line in text.splitlines():
+            heading = HEADING.match(line)
+            if heading:
+                level = len(heading.group(1))
+                if optional_level is not None and level <= optional_level:
+                    optional_level = None
+                if optional_level is None and heading.group(2).strip().lower().startswith("optional"):
+                    optional_level = level
+            counts["optional" if optional_level is not None else "core"] += len(line.split())
+    return counts
+
+
+def learner_minutes(core_words: int, code_cells: int, exercises: int) -> int:
+    """A learner's minutes on the core path: reading, plus a minute to read and run each code
+    cell, plus five minutes for each exercise (predict, run, explain). An estimate, not a timing."""
+    return round(core_words / WORDS_PER_MINUTE + code_cells + 5 * exercises)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("notebooks", nargs="*", type=pathlib.Path, help="default: every notebooks/*.ipynb")
+    parser.add_argument("--max", type=int, default=None, help="exit 1 when a core path has more words")
+    args = parser.parse_args()
+    paths = args.notebooks or sorted(NOTEBOOKS.glob("*.ipynb"))
+    print(f"{'notebook':<40} {'core':>6} {'optional':>9} {'solution':>9}")
+    too_long = []
+    for path in paths:
+        counts = words(path)
+        print(f"{path.stem:<40} {counts['core']:>6} {counts['optional']:>9} {counts['solution']:>9}")
+        if args.max is not None and counts["core"] > args.max:
+            too_long.append(f"{path.stem}: {counts['core']} core words (at most {args.max})")
+    for line in too_long:
+        print(line, file=sys.stderr)
+    return 1 if too_long else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

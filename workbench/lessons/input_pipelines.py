@@ -1,0 +1,425 @@
+"""Input pipelines: what the DataLoader knobs do on real image files, and `datasets` beside them.
+
+The data set is `workbench.core.data.files` (4,000 real MNIST digits written as JPEG/PNG and
+decoded, resized, cropped and normalised per sample: `data="mnist_files"` in a RunConfig),
+so the DataLoader's knobs (num_workers, prefetch_factor, persistent_workers, pin_memory,
+batch size) have real work to overlap. The same per-sample work runs through `datasets`
+(.map once vs on the fly, here) and NVIDIA DALI (`dali.py`) on the same files;
+`pipeline_bench.py` times them all.
+
+Measuring input pipelines: loader-only epochs, and the DataLoader sweep through run().
+
+`time_epochs` iterates loaders (DataLoader, DALI, anything yielding batch dicts) without a
+model: time to the first batch (worker start-up, pipeline build) and per epoch.
+`loader_sweep` runs one RunConfig per DataLoader setting (workers, prefetch, batch size,
+pinning on a GPU); `SweepView` splits each step into data wait and compute and draws
+samples/s against the compute-bound ceiling (the same step on pre-loaded tensors).
+
+Example:
+    >>> plan = sweep_plan(cores=2, cuda=False)
+    >>> [name for name, _ in plan][:3]
+    ['0 workers', '1 worker', '2 workers']
+
+NVIDIA DALI as an optional input pipeline: file reader -> image decoder -> resize ->
+crop-mirror-normalize, handed to PyTorch by DALI's iterator as {"inputs", "labels"} batches.
+
+DALI runs its operators in C++ threads (no Python per sample, no worker processes). On a
+CPU (`device="cpu"`: the pipeline gets `device_id=None`, DALI's CPU-only mode) every
+operator runs on the host. On a GPU (`device="gpu"`) the decoder runs as `"mixed"`
+(nvJPEG: entropy decoding on the host and the rest on the GPU, or the GPU's hardware JPEG
+decoder where it has one) and resize and crop-mirror-normalize run on the GPU, so batches
+arrive in GPU memory.
+
+DALI is optional: `pip install nvidia-dali-cuda120` (Linux, ~425 MB; or the `dali` extra).
+Nothing here imports it until a loader is built; without it, `require_dali()` raises a
+one-line error with that command.
+
+Example:
+    >>> from workbench.lessons.input_pipelines import mnist_image_files
+    >>> loader = DaliLoader(mnist_image_files().take(256), batch_size=64)  # doctest: +SKIP
+    >>> next(iter(loader))["inputs"].shape                                  # doctest: +SKIP
+    torch.Size([64, 1, 28, 28])
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+import numpy as np
+import torch
+from workbench.core.data.files import (  # noqa: F401  (the notebook's names, in one place)
+    CROP,
+    FORMATS,
+    RESIZE,
+    ImageFileDataset,
+    ImageFiles,
+    SampleError,
+    augment,
+    mnist_image_files,
+    prepare_image,
+    write_image_files,
+)
+import dataclasses
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from workbench.core.report import Report, figure_html
+import importlib.util
+from collections.abc import Iterator
+from workbench.core.data.catalog import MNIST_MEAN, MNIST_STD
+
+
+def release_on_error(loader: Iterable) -> Iterator:
+    """Iterate `loader`; if it raises, let its DataLoader workers stop at once.
+
+    torch re-raises a worker's error from a frame that keeps the error in a local: a
+    reference cycle that holds the iterator until the garbage collector runs, and a
+    collected iterator takes ~10 s to stop its workers (its queues are closed first).
+    Clearing the finished frames frees it now. (run() does the same in its loop.)
+    """
+    try:
+        yield from loader
+    except Exception as error:
+        traceback.clear_frames(error.__traceback__)
+        raise
+
+
+# -- the same work through Hugging Face datasets: once with .map, or on the fly --
+
+def _prepare_batch(batch: dict[str, list]) -> dict[str, Any]:
+    # Module level (not a closure) so datasets can send it to num_proc worker processes.
+    return {"inputs": np.stack([prepare_image(im).numpy() for im in batch["image"]]), "labels": batch["label"]}
+
+
+def time_datasets(files: ImageFiles, *, num_procs: Sequence[int] = (1, 2), epochs: int = 2,
+                  batch_size: int = 64) -> dict[str, float]:
+    """Seconds for: .map(batched, num_proc=n) once each; an epoch read from the mapped,
+    torch-formatted set; an epoch decoded on the fly (with_transform). Centre crops only:
+    random augmentation cannot be computed once, it belongs on the fly."""
+    import datasets
+
+    ds = datasets.Dataset.from_dict({"image": [str(files.root / p) for p in files.paths],
+                                     "label": list(files.labels)}).cast_column("image", datasets.Image())
+    features = datasets.Features({"inputs": datasets.Array3D((1, CROP, CROP), "float32"),
+                                  "labels": datasets.Value("int64")})  # fixed shape: fast reads back
+    seconds: dict[str, float] = {}
+    was_disabled = datasets.utils.are_progress_bars_disabled()
+    datasets.disable_progress_bars()
+    try:
+        for n in num_procs:
+            start = time.perf_counter()
+            mapped = ds.map(_prepare_batch, batched=True, batch_size=100, num_proc=n if n > 1 else None,
+                            features=features, remove_columns=ds.column_names)
+            seconds[f"map once, num_proc={n}"] = time.perf_counter() - start
+        on_the_fly = ds.with_transform(_prepare_batch)
+        for label, source in (("epoch, pre-processed", mapped.with_format("torch")),
+                              ("epoch, on the fly", on_the_fly)):
+            start = time.perf_counter()
+            for _ in range(epochs):
+                for _batch in source.iter(batch_size=batch_size):
+                    pass
+            seconds[label] = (time.perf_counter() - start) / epochs
+        first = next(on_the_fly.iter(batch_size=batch_size))["inputs"]
+        same = torch.equal(next(mapped.with_format("torch").iter(batch_size=batch_size))["inputs"],
+                           torch.from_numpy(first))
+    finally:
+        if not was_disabled:
+            datasets.enable_progress_bars()
+    if not same:  # the two paths must compute the same tensors, or the timing compares nothing
+        raise AssertionError("pre-processed and on-the-fly batches differ")
+    return seconds
+
+# Samples the loader-only timings read, per preset: enough for steady epochs, CI-sized.
+BENCH_SAMPLES = {"cpu-quick": 512, "cpu": 4000, "gpu": 4000}
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, not the machine's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _spin(iterations: int) -> None:
+    total = 0
+    for i in range(iterations):  # pure Python: one core, no BLAS threads
+        total += i
+
+
+def parallel_speedup(processes: int = 2, *, iterations: int = 3_000_000) -> float:
+    """How much faster `processes` CPU-bound processes finish side by side than one after
+    another, measured now: about `processes` on idle cores, about 1 when other work holds
+    them. Whether DataLoader workers can help depends on this, not on the core count alone.
+
+    Example:
+        >>> 0.5 < parallel_speedup(2) < 2.5
+        True
+    """
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+
+    def timed(count: int) -> float:
+        start = time.perf_counter()
+        workers = [context.Process(target=_spin, args=(iterations,)) for _ in range(count)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        return time.perf_counter() - start
+
+    one = timed(1)
+    return processes * one / timed(processes)
+
+
+@dataclass(frozen=True)
+class EpochTiming:
+    loader: str
+    epoch: int
+    first_batch_s: float
+    """From asking for the iterator to holding the first batch: worker start-up and prefetch."""
+    seconds: float
+    samples: int
+
+    @property
+    def samples_per_sec(self) -> float:
+        return self.samples / self.seconds
+
+
+class LoaderTimings(Report, list):
+    """EpochTimings of several loaders; a table in Jupyter."""
+
+    header = ("loader", "epoch", "first batch (ms)", "epoch (s)", "samples/s")
+
+    def of(self, loader: str) -> list[EpochTiming]:
+        return [t for t in self if t.loader == loader]
+
+    def samples_per_sec(self, loader: str, *, epochs: slice = slice(1, None)) -> float:
+        """Samples/s over the given epochs (default: all but the first, start-up excluded)."""
+        chosen = self.of(loader)[epochs] or self.of(loader)
+        return sum(t.samples for t in chosen) / sum(t.seconds for t in chosen)
+
+    def rows(self) -> list[tuple[Any, ...]]:
+        return [(t.loader, t.epoch, f"{t.first_batch_s * 1e3:.0f}", f"{t.seconds:.3f}", f"{t.samples_per_sec:,.0f}")
+                for t in self]
+
+
+
+def time_epochs(loaders: Mapping[str, Iterable], *, epochs: int) -> LoaderTimings:
+    """Iterate each loader for `epochs` full epochs (no model): time to the first batch and
+    per epoch. Each epoch asks for a new iterator, as a training loop does.
+
+    Example:
+        >>> from workbench.lessons.input_pipelines import ImageFileDataset, mnist_image_files
+        >>> loader = torch.utils.data.DataLoader(ImageFileDataset(mnist_image_files().take(64)), batch_size=32)
+        >>> [t.samples for t in time_epochs({"plain": loader}, epochs=2)]
+        [64, 64]
+    """
+    timings = LoaderTimings()
+    for name, loader in loaders.items():
+        for epoch in range(epochs):
+            start = time.perf_counter()
+            first, samples = None, 0
+            for batch in release_on_error(loader):
+                first = first or time.perf_counter() - start
+                samples += len(batch["labels"])
+            timings.append(EpochTiming(name, epoch, first or 0.0, time.perf_counter() - start, samples))
+    return timings
+
+
+# -- the DataLoader sweep, through run() --
+
+def sweep_plan(*, cores: int | None = None, cuda: bool | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """(run name, RunConfig fields changed from the baseline) for this machine's sweep."""
+    cores = usable_cores() if cores is None else cores
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    many = max(2, min(8, cores - 1 if cores > 2 else cores))  # leave a core to the training loop
+    plan = [("0 workers", {}), ("1 worker", {"num_workers": 1}), ("2 workers", {"num_workers": 2}),
+            ("2 workers, prefetch 4", {"num_workers": 2, "prefetch_factor": 4})]
+    if many > 2:
+        plan.append((f"{many} workers", {"num_workers": many}))
+    plan.append((f"{many} workers, batch x2", {"num_workers": many, "batch_size": "x2"}))
+    if cuda:  # pinning only matters for host-to-GPU copies
+        plan.append((f"{many} workers, pinned", {"num_workers": many, "pin_memory": True}))
+    return plan
+
+
+def loader_sweep(base: Any, plan: Sequence[tuple[str, dict[str, Any]]], *, done: Sequence[Any] = (),
+                 sinks: Any = None) -> list[Any]:
+    """run() the baseline config once per plan entry ("x2" doubles the batch size), in plan
+    order; entries named like a result in `done` reuse that result instead of running again."""
+    from workbench.engine.train import run
+    from workbench.views.dashboard import default_sinks
+
+    have = {r.name: r for r in done}
+    batch = base.resolved().batch_size
+    results = []
+    for name, fields in plan:
+        fields = {k: batch * 2 if v == "x2" else v for k, v in fields.items()}
+        results.append(have[name] if name in have else run(dataclasses.replace(base, **fields), name=name,
+                                                                      sinks=default_sinks() if sinks is None else sinks))
+    return results
+
+
+def step_split(result: Any) -> tuple[float, float]:
+    """(seconds waiting for data, seconds computing) per optimizer step of a run."""
+    wait = (result.data_wait_fraction or 0.0) * result.step_time_s
+    return wait, result.step_time_s - wait
+
+
+class SweepView(Report):
+    """The sweep as a table and a figure: per-sample time split into data wait and compute,
+    and samples/s against the compute-bound ceiling (the same step on pre-loaded tensors)."""
+
+    header = ("run", "workers", "prefetch", "batch", "data wait (ms/step)", "compute (ms/step)",
+              "waiting", "samples/s", "x first")
+
+    def __init__(self, results: Sequence[Any], ceiling: Any) -> None:
+        self.results, self.ceiling = list(results), ceiling
+
+    def rows(self) -> list[list[str]]:
+        base = self.results[0].samples_per_sec
+        rows = []
+        for r in [*self.results, self.ceiling]:
+            c, (wait, compute) = r.config, step_split(r)
+            rows.append([r.name, c.num_workers, c.prefetch_factor or (2 if c.num_workers else "-"), c.batch_size,
+                         f"{wait * 1e3:.1f}", f"{compute * 1e3:.1f}", f"{r.data_wait_fraction or 0:.0%}",
+                         f"{r.samples_per_sec:,.0f}", f"{r.samples_per_sec / base:.2f}"])
+        return rows
+
+    def figure(self) -> Any:
+        from matplotlib.figure import Figure
+
+        runs = [*self.results, self.ceiling]
+        names = [r.name for r in runs]
+        fig = Figure(figsize=(11, 0.45 * len(runs) + 1.4), layout="constrained")
+        left, right = fig.subplots(1, 2, sharey=True)
+        split = np.array([step_split(r) for r in runs]) / np.array([[r.config.batch_size] for r in runs]) * 1e6
+        y = np.arange(len(runs))
+        left.barh(y, split[:, 1], color="C0", label="computing")
+        left.barh(y, split[:, 0], left=split[:, 1], color="C1", label="waiting for data")
+        left.set(yticks=y, yticklabels=names, xlabel="µs per sample", title="where a step's time goes")
+        left.invert_yaxis()
+        left.legend(loc="lower right", fontsize=8)
+        rates = [r.samples_per_sec for r in runs]
+        right.barh(y, rates, color=["C2"] * len(self.results) + ["C7"])
+        right.axvline(self.ceiling.samples_per_sec, color="k", ls="--",
+                      label="compute-bound ceiling\n(pre-loaded tensors)")
+        right.set(xlabel="samples / s", title="throughput", xlim=(0, 1.35 * max(rates)))
+        right.legend(loc="upper right", fontsize=8)
+        return fig
+
+    def extra_html(self) -> str:
+        return figure_html(self.figure(), tight=False)
+
+INSTALL_COMMAND = "pip install nvidia-dali-cuda120"
+DEVICES = ("auto", "cpu", "gpu")
+
+
+def dali_available() -> bool:
+    """Whether `nvidia.dali` can be imported (checked without importing it)."""
+    try:
+        return importlib.util.find_spec("nvidia.dali") is not None
+    except (ImportError, ValueError):  # no `nvidia` namespace package at all
+        return False
+
+
+def require_dali() -> None:
+    """Raise a one-line ModuleNotFoundError with the install command when DALI is missing."""
+    if not dali_available():
+        raise ModuleNotFoundError(
+            f"NVIDIA DALI is not installed; install it with: {INSTALL_COMMAND} "
+            "(Linux x86_64/aarch64, ~425 MB), or pip install -e '.[dali]'"
+        )
+
+
+def resolve_device(device: str) -> str:
+    """'auto' -> 'gpu' when CUDA is available, else 'cpu'; checks the name and the GPU."""
+    if device not in DEVICES:
+        raise ValueError(f"device={device!r} is not known; use one of {', '.join(map(repr, DEVICES))}")
+    if device == "auto":
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    if device == "gpu" and not torch.cuda.is_available():
+        raise ValueError("device='gpu' needs a CUDA GPU and none is visible; use device='cpu'")
+    return device
+
+
+def build_pipeline(files: ImageFiles, *, batch_size: int, device: str = "cpu", num_threads: int = 2,
+                   seed: int = 0, random_crop: bool = True, shuffle: bool = True) -> Any:
+    """The DALI pipeline (built): the same work as pipelines.augment, per batch in C++.
+
+    Reader -> decoder ("cpu", or "mixed" on a GPU) -> resize to 32x32 -> crop 28x28 at a
+    random (or the centre) position, normalise, HWC -> CHW float32. No mirroring: a
+    mirrored digit is another shape (crop_mirror_normalize's `mirror` stays 0).
+    """
+    require_dali()
+    from nvidia.dali import fn, pipeline_def, types
+
+    device = resolve_device(device)
+    if batch_size < 1 or batch_size > len(files):
+        raise ValueError(f"batch_size={batch_size} must be between 1 and the {len(files)} files")
+    on_gpu = device == "gpu"
+
+    @pipeline_def
+    def image_pipeline():
+        # A file list, not the folder names: labels are exactly ours (folder order would
+        # sort '10' before '2').
+        encoded, labels = fn.readers.file(file_root=str(files.root), file_list=str(files.file_list()),
+                                          random_shuffle=shuffle, name="Reader")
+        images = fn.decoders.image(encoded, device="mixed" if on_gpu else "cpu", output_type=types.GRAY)
+        images = fn.resize(images, resize_x=RESIZE, resize_y=RESIZE)  # on the GPU after "mixed"
+        where = {"crop_pos_x": fn.random.uniform(range=(0.0, 1.0)),
+                 "crop_pos_y": fn.random.uniform(range=(0.0, 1.0))} if random_crop else {}
+        images = fn.crop_mirror_normalize(images, crop=(CROP, CROP), mean=[MNIST_MEAN * 255], std=[MNIST_STD * 255],
+                                          dtype=types.FLOAT, output_layout="CHW", **where)
+        return images, labels.gpu() if on_gpu else labels  # the reader's labels are host data
+
+    # device_id=None: DALI's CPU-only mode (no CUDA needed). On a GPU, the current device.
+    device_id = torch.cuda.current_device() if on_gpu else None
+    pipe = image_pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed,
+                          prefetch_queue_depth=2)
+    pipe.build()
+    return pipe
+
+
+class DaliLoader:
+    """DALI's PyTorch iterator over image files, yielding {"inputs", "labels"} dicts (the
+    workbench batch contract: labels int64 (B,)). Full batches only, like drop_last=True.
+
+    The pipeline is built on the first iteration, so its start-up shows in the first
+    epoch's timing, as DataLoader workers' start-up does.
+    """
+
+    def __init__(self, files: ImageFiles, *, batch_size: int, device: str = "cpu", num_threads: int = 2,
+                 seed: int = 0, random_crop: bool = True, shuffle: bool = True) -> None:
+        require_dali()
+        self.device = resolve_device(device)
+        if not 1 <= batch_size <= len(files):
+            raise ValueError(f"batch_size={batch_size} must be between 1 and the {len(files)} files")
+        if num_threads < 1:
+            raise ValueError(f"num_threads={num_threads} must be at least 1")
+        self.files, self.batch_size, self.num_threads = files, batch_size, num_threads
+        self.seed, self.random_crop, self.shuffle = seed, random_crop, shuffle
+        self._iterator: Any = None
+
+    def __len__(self) -> int:
+        return len(self.files) // self.batch_size
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+        if self._iterator is None:
+            pipe = build_pipeline(self.files, batch_size=self.batch_size, device=self.device,
+                                  num_threads=self.num_threads, seed=self.seed, random_crop=self.random_crop,
+                                  shuffle=self.shuffle)
+            self._iterator = DALIGenericIterator([pipe], ["inputs", "labels"], reader_name="Reader",
+                                                 last_batch_policy=LastBatchPolicy.DROP, auto_reset=True)
+        finished = False
+        try:
+            for (batch,) in self._iterator:  # one pipeline: a list of one dict per step
+                # DALI's file reader gives int32 labels of shape (B, 1); the contract is int64 (B,).
+                yield {"inputs": batch["inputs"], "labels": batch["labels"].squeeze(-1).long()}
+            finished = True
+        finally:
+            if not finished:  # left mid-epoch: start the next iteration from a fresh epoch
+                self._iterator = None

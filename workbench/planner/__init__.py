@@ -1,0 +1,15 @@
+"""The estimator and planner: a training step replayed on fake tensors, before anything runs.
+
+    estimate.py   estimate(config) -> Estimate: the step's bytes, FLOPs and peak, to the byte
+    fakemodel.py  fake copies of a model (parameters, buffers as fake tensors, no memory)
+    fakestate.py  the model and its optimizer state built on fake tensors
+    fakestep.py   one training step replayed on them (forward, loss, backward, optimizer step)
+    fakecuda.py   what a CUDA device does differently (autocast policy, 512-byte blocks, workspaces)
+    timeline.py   the step's memory moment by moment (its peak is estimate()'s)
+    fit.py        does a config fit this device? (the check run() makes before allocating)
+    speed.py      a roofline: the step's time from its FLOPs and bytes
+    planning.py   plan(model, target) -> Plan: the switches that fit a memory budget, fastest first
+
+It sits above `measure` (the exact counters it replays) and below `engine`, which asks
+`fit.check_fits` before a run allocates anything.
+"""
