@@ -204,7 +204,7 @@ def test_evaluation_never_peaks_above_the_training_steps_it_follows(changes):
 
 
 def test_on_a_gpu_the_peak_is_the_runs_own_and_leaves_out_what_was_there_before():
-    from workbench.engine.state import LoopState, build_result
+    from workbench.measure.recorder import Recorder
 
     class Meter:  # a GPU meter as run() reads it: allocator peak 5,000; 1,200 allocated before the run
         on_cuda = True
@@ -213,12 +213,10 @@ def test_on_a_gpu_the_peak_is_the_runs_own_and_leaves_out_what_was_there_before(
             return 5_000
 
     model = torch.nn.Linear(4, 2)
-    state = LoopState()
+    state = Recorder(name="gpu", total_steps=1, log_every=1, sinks=[], meter=Meter(), device="cuda")
     state.held_before_bytes, state.train_peak_bytes, state.start_memory = 1_200, 4_600, 1_300
-    result = build_result(cfg=RunConfig(model="mlp").resolved(), name="gpu", status="ok", message="", state=state,
-                          model=model, optimizer=torch.optim.SGD(model.parameters()), meter=Meter(), peak=None,
-                          peak_source="", eval_loss=None, accuracy=None, device=torch.device("cuda"), warnings=(),
-                          wall_s=1.0)
+    result = state.result(config=RunConfig(model="mlp").resolved(), status="ok", message="", model=model,
+                          optimizer=torch.optim.SGD(model.parameters()), wall_s=1.0)
     # the steps' peak (read before evaluation), less what others held: estimate() predicts that
     assert result.memory.peak_bytes == 4_600 - 1_200 and result.memory.held_before_bytes == 1_200
     assert result.memory.peak_increase_bytes == 4_600 - 1_300

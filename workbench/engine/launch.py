@@ -40,6 +40,7 @@ from typing import Any
 from workbench.core import custom
 from workbench.core.config import RunConfig
 from workbench.core.limits import usable_cores
+from workbench.measure.recorder import Recorder
 from workbench.measure.records import RunEnd, RunStart, Sink, StepRecord
 from workbench.measure.result import RunResult
 
@@ -319,22 +320,16 @@ def launch(config: RunConfig, *, num_processes: int = 2, name: str | None = None
     check_fits(cfg, processes=num_processes)  # all N on this machine: refused here, before any fork
     name = name or f"{custom.model_name(cfg.model)} {cfg.precision} b{cfg.batch_size} x{num_processes}"
     sinks = list(sinks)
-    seen: dict[str, Any] = {"hello": [], "start": None, "steps": [], "end": None}
+    # What the parent saw of the run: rank 0's records (they already hold the global figures).
+    recorder = Recorder(name=name, total_steps=cfg.steps, log_every=cfg.log_every, sinks=sinks, meter=None,
+                        device=hardware.resolve_device(cfg.device), num_processes=num_processes)
+    hellos: list[dict[str, Any]] = []
 
     def on_record(kind: str, record: Any) -> None:
         if kind == "hello":
-            seen["hello"].append(record)
-            return
-        if getattr(record, "rank", 0) != 0:  # rank 0's records already hold the global figures
-            return
-        if kind == "start":
-            seen["start"] = record
-        elif kind == "log":
-            seen["steps"].append(record)
-        else:
-            seen["end"] = record
-        for sink in sinks:
-            getattr(sink, kind)(record)
+            hellos.append(record)
+        elif getattr(record, "rank", 0) == 0:
+            recorder.relay(kind, record)
 
     began = time.perf_counter()
     if _start_method(start_method) == "fork":
@@ -345,8 +340,7 @@ def launch(config: RunConfig, *, num_processes: int = 2, name: str | None = None
         device=hardware.resolve_device(cfg.device),
     )
     wall = time.perf_counter() - began
-    hello = sorted(seen["hello"], key=lambda h: h["rank"])
-    extra = {"launch_wall_s": wall, "processes": hello}
+    extra = {"launch_wall_s": wall, "processes": sorted(hellos, key=lambda h: h["rank"])}
     if status == "ok" and 0 in values:
         result = values[0]
         config = copy.copy(result.config)
@@ -357,12 +351,11 @@ def launch(config: RunConfig, *, num_processes: int = 2, name: str | None = None
     message = _last_line(failure or status)
     if failure and status == "failed":
         print(f"[{name}] a child process failed:\n{failure}", file=sys.stderr, flush=True)
-    done = seen["steps"][-1].step if seen["steps"] else 0
-    if seen["end"] is None or seen["end"].status == "ok":  # the sinks hear how it ended
-        for sink in sinks:
-            sink.end(RunEnd(run_name=name, status=status, steps_done=done, message=message))
-    return _partial_result(cfg, name, status, message, seen["steps"], num_processes,
-                           {**extra, "traceback": failure or ""}, wall)
+    if recorder.ended is None or recorder.ended.status == "ok":  # the sinks hear how it ended
+        recorder.end(status, message, sinks=sinks)
+    # what the parent saw of a run that did not finish: its curve so far
+    return recorder.result(config=cfg, status=status, message=message, wall_s=wall,
+                           extra={**extra, "traceback": failure or ""})
 
 
 def _warm_up(cfg: RunConfig) -> None:
@@ -377,23 +370,6 @@ def _warm_up(cfg: RunConfig) -> None:
     # The same arguments as run() uses, so the children hit this cache (a dataset passed in is in memory).
     if not custom.is_own_data(cfg.data):
         load_data(cfg.data, seq_len=cfg.seq_len or 128, max_test=cfg.eval_samples or None, seed=cfg.seed)
-
-
-def _partial_result(cfg: RunConfig, name: str, status: str, message: str, steps: list[StepRecord],
-                    num_processes: int, extra: dict[str, Any], wall: float) -> RunResult:
-    """What the parent saw of a run that did not finish: its curve so far."""
-    from workbench.core import hardware
-
-    return RunResult(
-        name=name, config=cfg, status=status, message=message,
-        steps_done=steps[-1].step if steps else 0,
-        loss_steps=[r.step for r in steps], losses=[r.loss for r in steps],
-        step_time_s=None, interval_step_times_s=[r.step_time_s for r in steps],
-        samples_per_sec=None, tokens_per_sec=None, flops_per_step=None, tflops_per_sec=None,
-        mfu=None, peak_flops_source="", data_wait_fraction=None, memory=None, eval_loss=None,
-        accuracy=None, device=hardware.resolve_device(cfg.device), wall_s=wall,
-        num_processes=num_processes, extra=extra,
-    )
 
 
 def launch_function(fn: Callable[..., Any], *args: Any, num_processes: int = 2, device: str = "auto",

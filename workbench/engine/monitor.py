@@ -33,16 +33,12 @@ import torch
 
 from workbench.core import hardware
 from workbench.engine.ending import RunInterrupted, remember
-from workbench.measure.counters import (
-    SavedActivationCounter,
-    gradient_bytes,
-    optimizer_state_bytes,
-    parameter_bytes,
-)
+from workbench.measure.counters import SavedActivationCounter
 from workbench.measure.flops import FlopCounter
-from workbench.measure.meters import IntervalMeter, MemoryMeter, mfu
-from workbench.measure.records import RunEnd, RunStart, Sink, StepRecord
-from workbench.measure.result import LoopDescription, MemoryBreakdown, RunResult
+from workbench.measure.meters import MemoryMeter
+from workbench.measure.recorder import Recorder
+from workbench.measure.records import Sink
+from workbench.measure.result import LoopDescription, RunResult
 
 
 class Monitor:
@@ -61,66 +57,48 @@ class Monitor:
                 raise ValueError(f"{field}={value!r} must be a whole number >= 1; pass e.g. {field}=10")
         if precision not in ("fp32", "fp16", "bf16"):
             raise ValueError(f"precision={precision!r} labels the run: use 'fp32', 'fp16' or 'bf16'")
-        self.model, self.optimizer, self.name = model, optimizer, name
-        self.total_steps, self.log_every, self.sinks = steps, log_every, list(sinks)
-        self.text, self.count_first_step = text, count_first_step
-        self.rank, self.num_processes = rank, num_processes
+        self.model, self.optimizer, self.count_first_step = model, optimizer, count_first_step
         param = next(model.parameters(), None)
         self.device = param.device if param is not None else torch.device("cpu")
         self.description = LoopDescription(
             model=type(model).__name__, precision=precision, batch_size=batch_size, grad_accum_steps=grad_accum_steps,
             activation_checkpointing=checkpointing, device=self.device.type)
-        self.meter = MemoryMeter(self.device)
-        self.peak, self.peak_source = hardware.peak_flops(self.device.type, precision)
-        self.steps_done = 0
-        self.loss_steps: list[int] = []
-        self.losses: list[float] = []
-        self.activation_bytes: int | None = None
-        self.flops_per_step: int | None = None
-        self.first_step_s: float | None = None
-        self.status, self.message = "running", ""
+        peak, peak_source = hardware.peak_flops(self.device.type, precision)
+        self.recorder = Recorder(name=name, total_steps=steps, log_every=log_every, sinks=sinks,
+                                 meter=MemoryMeter(self.device), device=self.device.type, peak=peak,
+                                 peak_source=peak_source, rank=rank, num_processes=num_processes)
+        self.recorder.text = text
         self.result: RunResult | None = None
         """The RunResult, once the `with` block has ended (however it ended)."""
         self._loss_sum = torch.zeros((), device=self.device)  # summed on the device: no sync per step
         self._loss_count = 0
-        self._timing: IntervalMeter | None = None
         self._wall_start = time.perf_counter()
-        self._start_memory: int | None = None
 
     # -- the with-block: start, and end however it ends --
 
     def __enter__(self) -> Monitor:
-        warnings = tuple(w for w in [hardware.emulation_warning(self.device.type, self.description.precision)] if w)
-        self._warnings = warnings
-        start = RunStart(run_name=self.name, total_steps=self.total_steps, device=self.device.type,
-                         precision=self.description.precision, config={"loop": "hand-written", **dataclasses.asdict(self.description)},
-                         warnings=warnings, memory_total_bytes=self.meter.total_bytes(), rank=self.rank,
-                         peak_flops=self.peak, peak_flops_source=self.peak_source)
-        for sink in self.sinks:
-            sink.start(start)
-        self.meter.reset_peak()
-        self._start_memory = self.meter.current_bytes()
-        self._timing = IntervalMeter(start=time.perf_counter(), first_step=1, processes=self.num_processes)
+        precision = self.description.precision
+        self.recorder.start(precision=precision, config={"loop": "hand-written", **dataclasses.asdict(self.description)},
+                            warnings=tuple(w for w in [hardware.emulation_warning(self.device.type, precision)] if w))
+        self.recorder.begin()
         self._outside_since = time.perf_counter()
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: Any) -> bool:
-        if kind is None:
-            self.status = "ok"
-        elif issubclass(kind, KeyboardInterrupt):
-            self.status, self.message = "interrupted", f"stopped by the user at step {self.steps_done}"
-        elif issubclass(kind, torch.OutOfMemoryError):
-            self.status, self.message = "oom", str(error).splitlines()[0]
-        else:
-            self.status, self.message = "failed", f"{kind.__name__}: {error}".splitlines()[0]
-        self.result = self._build_result()
+        status, message = "ok", ""
+        if kind is not None and issubclass(kind, KeyboardInterrupt):
+            status, message = "interrupted", f"stopped by the user at step {self.recorder.step}"
+        elif kind is not None and issubclass(kind, torch.OutOfMemoryError):
+            status, message = "oom", str(error).splitlines()[0]
+        elif kind is not None:
+            status, message = "failed", f"{kind.__name__}: {error}".splitlines()[0]
+        self.result = self.recorder.result(config=self.description, status=status, message=message, model=self.model,
+                                           optimizer=self.optimizer, wall_s=time.perf_counter() - self._wall_start)
         remember(self.result)
-        for sink in self.sinks:
-            sink.end(RunEnd(run_name=self.name, status=self.status, steps_done=self.steps_done, message=self.message,
-                            summary=self.result.summary(), rank=self.rank))
-        if self.status == "interrupted":
+        self.recorder.end(status, message, summary=self.result.summary())
+        if status == "interrupted":
             raise RunInterrupted(self.result) from error
-        return self.status == "oom"  # like run(): an out-of-memory ends the run with a result, not a traceback
+        return status == "oom"  # like run(): an out-of-memory ends the run with a result, not a traceback
 
     # -- inside the loop --
 
@@ -128,31 +106,27 @@ class Monitor:
     def step(self, *, samples: int, tokens: int | None = None) -> Iterator[None]:
         """One optimizer step of `samples` samples (all micro-batches of a window). The first
         is counted exactly (saved activations of its forward, FLOPs) and not timed."""
-        if self._timing is None:
+        recorder = self.recorder
+        if recorder.timing is None:
             raise RuntimeError("monitor.step() runs inside `with wb.monitor(...) as mon:`; enter the monitor first")
         if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
             raise ValueError(f"samples={samples!r} must be the whole number of samples this step trained on")
-        timing = self._timing
-        timing.add(samples=samples, tokens=tokens, wait_s=time.perf_counter() - self._outside_since)
-        probe = self.steps_done == 0 and self.count_first_step
+        recorder.timing.add(samples=samples, tokens=tokens, wait_s=time.perf_counter() - self._outside_since)
+        probe = recorder.step == 0 and self.count_first_step
         with FlopCounter() if probe else contextlib.nullcontext() as flops:
             with SavedActivationCounter(self.model) if probe else contextlib.nullcontext() as saved:
                 yield
-        self.steps_done += 1
         if self.description.batch_size is None:  # not given: what the first step trained on, per micro-batch
             per_micro = max(1, samples // self.description.grad_accum_steps)
             self.description = dataclasses.replace(self.description, batch_size=per_micro)
         if probe:
-            self.flops_per_step, self.activation_bytes = flops.total, saved.bytes
-        if self.steps_done == 1:
-            self.first_step_s = timing.elapsed(now=time.perf_counter())  # with torch.compile: the compile too
-        step = self.steps_done
-        if step % self.log_every and step != self.total_steps:
-            if step == 1:  # restart the clock after the counted step, as run() does
-                self._sync()
-                timing.restart(now=time.perf_counter(), next_step=2)
-        else:
-            self._log(step, timed=step != 1)
+            recorder.probed(flops=flops.total, activation_bytes=saved.bytes)
+        if recorder.end_step(sync=self._sync):  # the first step: kept, and not timed
+            loss = (self._loss_sum / max(self._loss_count, 1)).item()  # the log step's sync
+            self._loss_sum.zero_()
+            self._loss_count = 0
+            recorder.log(loss, lr=self.optimizer.param_groups[0]["lr"] if self.optimizer is not None else None)
+            recorder.restart_clock()  # the sinks' time is not a step's
         self._outside_since = time.perf_counter()  # from here until the next step: the wait for data
 
     def loss(self, loss: torch.Tensor) -> None:
@@ -162,65 +136,9 @@ class Monitor:
         self._loss_sum += loss.detach().float().to(self._loss_sum.device)
         self._loss_count += 1
 
-    # -- what it measures --
-
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-
-    def _log(self, step: int, *, timed: bool) -> None:
-        timing = self._timing
-        loss = (self._loss_sum / max(self._loss_count, 1)).item()  # the log step's sync
-        self._loss_sum.zero_()
-        self._loss_count = 0
-        self.loss_steps.append(step)
-        self.losses.append(loss)
-        rates = timing.close(now=time.perf_counter(), step=step, flops_per_step=self.flops_per_step, timed=timed,
-                             text=self.text)
-        mean = timing.run_rates(flops_per_step=self.flops_per_step, text=self.text)
-        group_peak = self.peak and self.peak * self.num_processes
-        record = StepRecord(
-            run_name=self.name, step=step, total_steps=self.total_steps, loss=loss, elapsed_s=timing.timed_seconds,
-            step_time_s=rates.step_time_s, samples_per_sec=rates.samples_per_sec, tokens_per_sec=rates.tokens_per_sec,
-            tflops_per_sec=rates.tflops_per_sec, mfu=mfu(rates.tflops_per_sec, group_peak),
-            mean_step_time_s=mean and mean.step_time_s, mean_samples_per_sec=mean and mean.samples_per_sec,
-            mean_tokens_per_sec=mean and mean.tokens_per_sec, mean_mfu=mean and mfu(mean.tflops_per_sec, group_peak),
-            memory_bytes=self.meter.current_bytes(), memory_peak_bytes=self.meter.peak_bytes(),
-            memory_reserved_bytes=self.meter.reserved_bytes(), memory_kind=self.meter.kind,
-            activation_bytes=self.activation_bytes, data_wait_s=timing.last_wait_s_per_step,
-            lr=self.optimizer.param_groups[0]["lr"] if self.optimizer is not None else None, rank=self.rank,
-        )
-        for sink in self.sinks:
-            sink.log(record)
-        timing.restart(now=time.perf_counter(), next_step=step + 1)  # the sinks' time is not a step's
-
-    def _build_result(self) -> RunResult:
-        timing = self._timing
-        rates = timing.run_rates(flops_per_step=self.flops_per_step, text=self.text) if timing else None
-        peak_bytes = self.meter.peak_bytes()
-        optimizer_bytes = optimizer_state_bytes(self.optimizer) if self.optimizer is not None else 0
-        memory = MemoryBreakdown(
-            parameter_bytes=parameter_bytes(self.model), gradient_bytes=gradient_bytes(self.model, expected=True),
-            optimizer_state_bytes=optimizer_bytes, activation_bytes=self.activation_bytes, peak_bytes=peak_bytes,
-            peak_increase_bytes=None if peak_bytes is None or self._start_memory is None
-            else max(0, peak_bytes - self._start_memory),
-            peak_kind="CUDA allocator peak" if self.meter.on_cuda else "process VmHWM")
-        group_peak = self.peak and self.peak * self.num_processes
-        return RunResult(
-            name=self.name, config=self.description, status=self.status, message=self.message,
-            steps_done=self.steps_done, loss_steps=self.loss_steps, losses=self.losses,
-            step_time_s=rates.step_time_s if rates else None,
-            interval_step_times_s=list(timing.interval_times) if timing else [],
-            samples_per_sec=rates.samples_per_sec if rates else None,
-            tokens_per_sec=rates.tokens_per_sec if rates else None, flops_per_step=self.flops_per_step,
-            tflops_per_sec=rates.tflops_per_sec if rates else None,
-            mfu=mfu(rates.tflops_per_sec, group_peak) if rates else None, peak_flops_source=self.peak_source,
-            data_wait_fraction=timing.data_wait_fraction() if timing else None, memory=memory, eval_loss=None,
-            accuracy=None, device=self.device.type, warnings=self._warnings,
-            wall_s=time.perf_counter() - self._wall_start, num_processes=self.num_processes,
-            first_step_s=self.first_step_s,
-        )
-
 
 def monitor(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *, steps: int,
             name: str = "hand-written loop", sinks: Iterable[Sink] = (), log_every: int | None = None,

@@ -1,8 +1,8 @@
-"""What the training loop has measured, and how it becomes a RunResult.
+"""The training loop's state: its recorder and data position, its losses on the device.
 
-`LoopState` accumulates as the loop runs, so an interrupted run still returns its
-curve; `build_result` turns it into rates over the timed steps (the probe step
-excluded) plus the exact byte counts; `evaluate` scores the trained model.
+`LoopState` is the run's `Recorder` (so an interrupted run still returns its curve) plus
+where the loop is in its data; `LossWindow` holds the losses between log steps on the
+device; `evaluate` scores the trained model.
 """
 
 from __future__ import annotations
@@ -16,43 +16,20 @@ import torch.nn.functional as F
 
 from workbench.core.config import RunConfig
 from workbench.engine import resume
-from workbench.measure.counters import (
-    gradient_bytes,
-    optimizer_state_bytes,
-    parameter_bytes,
-)
-from workbench.measure.meters import LOSS_WINDOW_SLOTS, IntervalMeter, MemoryMeter, mfu
-from workbench.measure.result import MemoryBreakdown, RunResult
+from workbench.measure.meters import LOSS_WINDOW_SLOTS
+from workbench.measure.recorder import Recorder
 
 
-class LoopState:
-    """What the loop has measured so far; partial results survive an interruption.
+class LoopState(Recorder):
+    """The loop's recorder (`measure.recorder.Recorder`: what it has measured so far), and
+    where the loop is: a resumed run carries on its data position and its id."""
 
-    `timing` is the pure interval bookkeeping (`measure.meters.IntervalMeter`), made when
-    the loop starts; the rest is the run's history, which a resumed run carries on
-    (`resume.LOOP_FIELDS`)."""
-
-    def __init__(self) -> None:
-        self.step = 0
-        self.loss_steps: list[int] = []
-        self.losses: list[float] = []
-        self.activation_bytes: int | None = None
-        self.flops_per_step: int | None = None
-        self.start_memory: int | None = None
-        self.held_before_bytes: int | None = None
-        """CUDA memory already allocated when run() began: not this run's (set by run())."""
-        self.train_peak_bytes: int | None = None
-        """The meter's peak when training ended, before evaluation (set by run())."""
+    def __init__(self, **recorder: Any) -> None:
+        super().__init__(**recorder)
         self.data_position = resume.DataPosition()  # epoch and batch: where a resumed run goes on
-        self.skipped_steps = 0
-        self.loss_scales: list[float] = []
-        self.timing: IntervalMeter | None = None
         self.run_id = uuid.uuid4().hex[:12]
         """Names this run's checkpoints: a resumed run takes the id it saved, and a run never
         saves into a folder that holds another run's steps."""
-        self.first_step_s: float | None = None
-        self.text = False
-        """The inputs are token ids (tokens/s is shown): text data, or a dataset of integer inputs."""
 
 
 class LossWindow:
@@ -121,49 +98,6 @@ class LossWindow:
         mean = sum(r[0] / r[1] for r in finite_rows) / len(finite_rows) if finite_rows else float("nan")
         first_bad = min(row[2] for row in rows)
         return mean, int(sum(row[1] for row in rows)), None if first_bad == float("inf") else int(first_bad)
-
-
-def build_result(*, cfg: RunConfig, name: str, status: str, message: str, state: LoopState, model: Any,
-                 optimizer: Any, meter: MemoryMeter, peak: float | None, peak_source: str,
-                 eval_loss: float | None, accuracy: float | None, device: torch.device,
-                 warnings: tuple[str, ...], wall_s: float, num_processes: int = 1) -> RunResult:
-    """The RunResult of a finished (or stopped) loop: rates over the timed steps, exact counts."""
-    text = state.text
-    timing = state.timing
-    rates = timing.run_rates(flops_per_step=state.flops_per_step, text=text) if timing else None
-    # The training steps' peak: read when training ended (evaluation comes after, at its own batch).
-    raw_peak = state.train_peak_bytes if state.train_peak_bytes is not None else meter.peak_bytes()
-    held = state.held_before_bytes  # read by run() on a GPU only
-    # On a GPU the allocator counts every tensor of the process: what was there before the run
-    # (a notebook's own model, an earlier run's leftovers) is not this run's peak.
-    peak_bytes = raw_peak if raw_peak is None or held is None else max(0, raw_peak - held)
-    memory = None if model is None or optimizer is None else MemoryBreakdown(
-        parameter_bytes=parameter_bytes(model),
-        gradient_bytes=gradient_bytes(model, expected=True),
-        optimizer_state_bytes=optimizer_state_bytes(optimizer),
-        activation_bytes=state.activation_bytes,
-        peak_bytes=peak_bytes,
-        peak_increase_bytes=None if raw_peak is None or state.start_memory is None
-        else max(0, raw_peak - state.start_memory),
-        held_before_bytes=held,
-        peak_kind="CUDA allocator peak" if meter.on_cuda else "process VmHWM",
-    )
-    return RunResult(
-        name=name, config=cfg, status=status, message=message, steps_done=state.step,
-        loss_steps=state.loss_steps, losses=state.losses,
-        step_time_s=rates.step_time_s if rates else None,
-        interval_step_times_s=list(timing.interval_times) if timing else [],
-        samples_per_sec=rates.samples_per_sec if rates else None,
-        tokens_per_sec=rates.tokens_per_sec if rates else None,
-        flops_per_step=state.flops_per_step,
-        tflops_per_sec=rates.tflops_per_sec if rates else None,
-        mfu=mfu(rates.tflops_per_sec, peak and peak * num_processes) if rates else None, peak_flops_source=peak_source,
-        data_wait_fraction=timing.data_wait_fraction() if timing else None,
-        memory=memory, eval_loss=eval_loss, accuracy=accuracy, device=device.type,
-        warnings=warnings, wall_s=wall_s, num_processes=num_processes,
-        loss_scales=state.loss_scales, skipped_steps=state.skipped_steps, peak_flops=peak,
-        first_step_s=state.first_step_s,
-    )
 
 
 @torch.no_grad()

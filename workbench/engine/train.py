@@ -35,7 +35,7 @@ from workbench.engine.ending import (
 )
 from workbench.engine.sharding import gathered, shard_model
 from workbench.engine.speedups import LoopPhases, compile_model, tf32_matmuls
-from workbench.engine.state import LoopState, LossWindow, build_result, evaluate
+from workbench.engine.state import LoopState, LossWindow, evaluate
 from workbench.measure import oom
 from workbench.measure.counters import (
     SavedActivationCounter,
@@ -44,8 +44,8 @@ from workbench.measure.counters import (
     parameter_bytes,
 )
 from workbench.measure.flops import FlopCounter
-from workbench.measure.meters import IntervalMeter, MemoryMeter, Throughput, mfu
-from workbench.measure.records import RunEnd, RunStart, Sink, StepRecord
+from workbench.measure.meters import MemoryMeter
+from workbench.measure.records import Sink
 from workbench.measure.result import RunResult
 
 
@@ -129,23 +129,21 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
         cfg = dataclasses.replace(cfg, steps=max(1, -(-cfg.steps // accelerator.num_processes)))
     device = accelerator.device
     meter = MemoryMeter(device)
-    state = LoopState()
-    if meter.on_cuda:  # before this run allocates anything: what is there is someone else's
-        state.held_before_bytes = meter.current_bytes()
-    model = optimizer = None
-    warnings: tuple[str, ...] = ()
     # MFU against the peak the matmuls can reach: with TF32 allowed, fp32 matmuls run on tensor cores.
     with tf32_matmuls(cfg.tf32):
         peak, peak_source = hardware.peak_flops(device.type, cfg.precision)
-    started: list[Sink] = []
+    state = LoopState(name=name, total_steps=cfg.steps, log_every=cfg.log_every, sinks=sinks, meter=meter,
+                      device=device.type, peak=peak, peak_source=peak_source, rank=accelerator.process_index,
+                      num_processes=accelerator.num_processes)  # the run's recorder
+    if meter.on_cuda:  # before this run allocates anything: what is there is someone else's
+        state.held_before_bytes = meter.current_bytes()
+    model = optimizer = None
     status, message, eval_loss, accuracy = "ok", "", None, None
 
     def result_now() -> RunResult:
-        return build_result(
-            cfg=cfg, name=name, status=status, message=message, state=state, model=model, optimizer=optimizer,
-            meter=meter, peak=peak, peak_source=peak_source, eval_loss=eval_loss, accuracy=accuracy,
-            device=device, warnings=warnings, wall_s=time.perf_counter() - wall_start,
-            num_processes=accelerator.num_processes)
+        return state.result(config=cfg, status=status, message=message, eval_loss=eval_loss, accuracy=accuracy,
+                            model=model if optimizer is not None else None, optimizer=optimizer,
+                            wall_s=time.perf_counter() - wall_start)
 
     try:
         try:
@@ -199,17 +197,10 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
             # evaluation's other batch size and no-grad mode compile nothing more.
             trained = compile_model(model, cfg.compile)
             notes = [hardware.emulation_warning(device.type, cfg.precision), *(checkpoint.notes if checkpoint else [])]
-            warnings = tuple(w for w in notes if w)  # a resume that cannot be exact says so here
-            start = RunStart(
-                run_name=name, total_steps=cfg.steps, device=f"{device.type}", precision=cfg.precision,
-                config=cfg.to_dict(), warnings=warnings, memory_total_bytes=meter.total_bytes(),
-                rank=accelerator.process_index, peak_flops=peak, peak_flops_source=peak_source,
-            )
-            for sink in sinks:
-                started.append(sink)
-                sink.start(start)
+            # a resume that cannot be exact says so in the warnings
+            state.start(precision=cfg.precision, config=cfg.to_dict(), warnings=tuple(w for w in notes if w))
             with tf32_matmuls(cfg.tf32):  # technique: TF32 (CUDA fp32 matmuls on tensor cores), training only
-                _train(cfg, name, accelerator, trained, optimizer, loader, meter, peak, sinks, state)
+                _train(cfg, accelerator, trained, optimizer, loader, state)
             state.train_peak_bytes = meter.peak_bytes()  # the steps' peak, before evaluation's
             if cfg.eval_samples:
                 with gathered(model) if sharded else nullcontext():  # sharded: whole weights, no collective per batch
@@ -225,16 +216,13 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
         result = result_now()
     except BaseException as error:  # every sink that started hears how the run ended, whatever happened
         status, message = "failed", f"{type(error).__name__}: {error}".splitlines()[0]
-        for sink in started:
-            sink.end(RunEnd(run_name=name, status="failed", steps_done=state.step, message=message,
-                            rank=accelerator.process_index))
+        state.end(status, message)
         keep_partial(result_now, error)
         if model is not None:  # refused before building anything: nothing to free (a collection costs ~1 s)
             free(accelerator)
         raise
-    for sink in started:  # an out-of-memory or Ctrl-C while setting up ends it before the sinks start
-        sink.end(RunEnd(run_name=name, status=status, steps_done=state.step, message=message,
-                        summary=result.summary(), rank=accelerator.process_index))
+    # Only the sinks that started hear it: an out-of-memory or Ctrl-C while setting up ends it before.
+    state.end(status, message, summary=result.summary())
     remember(result)
     if status != "ok":
         free(accelerator)
@@ -249,21 +237,18 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
     return result
 
 
-def _train(cfg, name, accelerator, model, optimizer, loader, meter, peak, sinks, state) -> None:
-    """Fetch, forward, backward, step; at log steps measure, and tell the sinks."""
+def _train(cfg, accelerator, model, optimizer, loader, state) -> None:
+    """Fetch, forward, backward, step; at log steps measure, and tell the sinks (the recorder, `state`)."""
     from accelerate.utils import send_to_device
 
     text = state.text
     on_accelerator = accelerator.device.type != "cpu"
     model.train()
-    meter.reset_peak()  # the peak from here on is this run's
-    state.start_memory = meter.current_bytes()
-    state.timing = timing = IntervalMeter(start=time.perf_counter(), first_step=state.step + 1,
-                                          processes=accelerator.num_processes)
+    state.begin()  # the memory peak and the clock from here on are this run's
+    timing = state.timing
     batches = _batches(accelerator, loader, state.data_position)
     window = LossWindow(accelerator.device)  # this interval's losses, kept on the device: no sync per step
     window_start = state.step + 1  # the optimizer step of the window's first micro-batch
-    probe_flops = 0
     phases = LoopPhases()  # technique: profiler. Named ranges, only while a torch.profiler runs
 
     while state.step < cfg.steps:
@@ -304,25 +289,17 @@ def _train(cfg, name, accelerator, model, optimizer, loader, meter, peak, sinks,
         phases.enter("other")
         window.add(loss)
         if probe:
-            probe_flops += flops.total
-            if state.activation_bytes is None:  # one micro-batch's worth (a resumed run keeps its own)
-                state.activation_bytes = saved.bytes
+            state.probed(flops=flops.total, activation_bytes=saved.bytes)
         if not accelerator.sync_gradients:
             continue
-        state.step += 1
-        if probe:
-            state.flops_per_step = probe_flops
-            state.first_step_s = timing.elapsed(now=time.perf_counter())  # with compile: the compile too
-            if cfg.memory_budget_bytes is not None:
-                # A simulated device memory (a CPU has none to run out of): the exact counts of this
-                # step against the budget; over it, the torch.OutOfMemoryError a GPU raises.
-                oom.check_budget(cfg.memory_budget_bytes, activation_bytes=state.activation_bytes or 0,
-                                 model_state_bytes=parameter_bytes(model) + gradient_bytes(model, expected=True)
-                                 + optimizer_state_bytes(optimizer))
-        if state.step % cfg.log_every and state.step != cfg.steps:
-            if probe:  # restart the clock after the probe: it ran the counters and one-off warm-up
-                loss.item()  # a sync, so the probe's GPU work is not timed later
-                timing.restart(now=time.perf_counter(), next_step=2)
+        log_step = state.end_step(sync=loss.item)  # the probe: kept, not timed (loss.item() syncs)
+        if probe and cfg.memory_budget_bytes is not None:
+            # A simulated device memory (a CPU has none to run out of): the exact counts of this
+            # step against the budget; over it, the torch.OutOfMemoryError a GPU raises.
+            oom.check_budget(cfg.memory_budget_bytes, activation_bytes=state.activation_bytes or 0,
+                             model_state_bytes=parameter_bytes(model) + gradient_bytes(model, expected=True)
+                             + optimizer_state_bytes(optimizer))
+        if not log_step:
             continue
         # Log step: the only device sync in the loop (close() reads the window's figures once).
         # Data parallel: every process's figures, so the loss is the whole global batch's.
@@ -332,37 +309,11 @@ def _train(cfg, name, accelerator, model, optimizer, loader, meter, peak, sinks,
             # the GradScaler skips such steps, so only a window with no finite loss at all stops it.
             raise Diverged(diverged_message(cfg, window_start + first_bad // cfg.grad_accum_steps, state.step))
         window_start = state.step + 1
-        state.losses.append(window_loss)  # fp16: the mean of the finite losses (skipped steps left out)
-        state.loss_steps.append(state.step)
-        interval = timing.close(now=time.perf_counter(), step=state.step, flops_per_step=state.flops_per_step,
-                                timed=not probe, text=text)  # the probe step is shown, not timed
         phases.enter("log")
-        if (scale := loss_scale(accelerator)) is not None:  # fp16: the GradScaler's scale now
-            state.loss_scales.append(scale)
-        record = _step_record(cfg, name, state, interval, meter, peak, optimizer, accelerator, scale, text)
-        for sink in sinks:
-            sink.log(record)
+        # fp16: the loss is the mean of the finite losses (skipped steps left out); the scale, the GradScaler's now
+        state.log(window_loss, lr=optimizer.param_groups[0]["lr"], loss_scale=loss_scale(accelerator))
         if cfg.save_state_dir and (state.step % (cfg.save_every or cfg.steps) == 0 or state.step == cfg.steps):
             resume.save(accelerator, cfg, state)  # technique: save and resume (at log steps: windows line up)
-        timing.restart(now=time.perf_counter(), next_step=state.step + 1)  # the sinks' time is not a step's
+        state.restart_clock()  # the sinks' time and a save's are not a step's
     phases.close()
 
-
-def _step_record(cfg, name, state, interval: Throughput, meter, peak, optimizer, accelerator, scale, text) -> StepRecord:
-    """What a log step tells the sinks: the last interval, the run's means so far, memory."""
-    timing = state.timing
-    group_peak = peak and peak * accelerator.num_processes  # MFU of the whole group: all processes' FLOPs
-    mean = timing.run_rates(flops_per_step=state.flops_per_step, text=text)
-    return StepRecord(
-        run_name=name, step=state.step, total_steps=cfg.steps, loss=state.losses[-1],
-        elapsed_s=timing.timed_seconds, step_time_s=interval.step_time_s,
-        samples_per_sec=interval.samples_per_sec, tokens_per_sec=interval.tokens_per_sec,
-        tflops_per_sec=interval.tflops_per_sec, mfu=mfu(interval.tflops_per_sec, group_peak),
-        mean_step_time_s=mean and mean.step_time_s, mean_samples_per_sec=mean and mean.samples_per_sec,
-        mean_tokens_per_sec=mean and mean.tokens_per_sec, mean_mfu=mean and mfu(mean.tflops_per_sec, group_peak),
-        memory_bytes=meter.current_bytes(), memory_peak_bytes=meter.peak_bytes(),
-        memory_reserved_bytes=meter.reserved_bytes(), memory_kind=meter.kind,
-        activation_bytes=state.activation_bytes, data_wait_s=timing.last_wait_s_per_step,
-        lr=optimizer.param_groups[0]["lr"], rank=accelerator.process_index,
-        extra={} if scale is None else {"loss_scale": scale, "skipped_steps": state.skipped_steps},
-    )
