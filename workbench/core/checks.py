@@ -20,6 +20,7 @@ import math
 import os
 import sys
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 from torch import nn
@@ -59,8 +60,30 @@ def _one_of(name: str, value: str, choices: Choices | tuple[str, ...]) -> None:
 
 
 def check_values(cfg: Any, r: dict[str, Any], choices: Choices) -> None:
-    """Every value of `r` (the resolved values of `cfg`) that cannot work: ConfigError, one line."""
-    # Names first: everything after may look things up by them.
+    """Every value of `r` (the resolved values of `cfg`) that cannot work: ConfigError, one line.
+    In this order: the first refusal is the one a learner reads."""
+    _check_names(cfg, r, choices)  # first: everything after may look things up by them
+    _check_model_fits_data(r)
+    _check_counts(cfg, r)
+    if r["activation_checkpointing"] != "none" and not MODEL_SPECS[r["model"]].has_blocks:
+        raise ConfigError(
+            f"activation_checkpointing={r['activation_checkpointing']!r} needs a model with blocks; "
+            f"use model='gpt' or 'minilm', or activation_checkpointing='none'"
+        )
+    named = isinstance(r["data"], str) and not r["data"].startswith("hub:")  # a built-in data set
+    shape = DATASETS[r["data"]].input_shape if named else None
+    if not isinstance(r["model"], nn.Module) and (problem := limits.dims_problem(r["model"], r["dims"], shape)):
+        raise ConfigError(problem)
+    _check_seq_len(r)
+    _check_save_and_resume(r)
+    _check_device(r)
+    _check_fewer_bytes(r, choices)
+    _check_speed(r, choices)
+    _check_against_data_size(cfg, r)
+
+
+def _check_names(cfg: Any, r: dict[str, Any], choices: Choices) -> None:
+    """The named choices, and the packages a choice needs."""
     _one_of("optimizer", r["optimizer"], choices)
     _one_of("precision", r["precision"], choices)
     if problem := grad_scaler_problem(cfg.grad_scaler, r["precision"]):
@@ -75,11 +98,14 @@ def check_values(cfg: Any, r: dict[str, Any], choices: Choices) -> None:
     if r["qat"] != "none" and importlib.util.find_spec("torchao") is None:
         raise ConfigError(f"qat={r['qat']!r} needs torchao, which is not installed; "
                           "pip install --no-deps 'torchao>=0.18,<0.19', or use qat='none'")
+
+
+def _check_model_fits_data(r: dict[str, Any]) -> None:
+    """Your own model and data (`_check_own`); a built-in data set of the task the model needs."""
     data, own_model = r["data"], isinstance(r["model"], nn.Module)
-    named = isinstance(data, str) and not data.startswith("hub:")  # a built-in data set
     if own_model or custom.is_own_data(data):
-        _check_own(r)  # the model and data passed in; built-in ones below
-    if named:
+        _check_own(r)
+    if isinstance(data, str) and not data.startswith("hub:"):  # a built-in data set
         _one_of("data", data, tuple(DATASETS))
         task = DATASETS[data].task
         needed = MODEL_SPECS[r["model"]].task if not own_model else task  # a module's forward is checked at run time
@@ -89,6 +115,10 @@ def check_values(cfg: Any, r: dict[str, Any], choices: Choices) -> None:
                 f"data={data!r} is {task} but model={r['model']!r} needs "
                 f"{needed}; use data={fit[0]!r} or another model"
             )
+
+
+def _check_counts(cfg: Any, r: dict[str, Any]) -> None:
+    """Sizes, counts and the seed in range; the update rule; steps or epochs, not both; the loader's workers."""
     for name in ("batch_size", "steps", "grad_accum_steps", "log_every", "seq_len", "memory_budget_bytes"):
         if r[name] is not None and r[name] < 1:
             raise ConfigError(f"{name}={r[name]} must be at least 1; pass a positive whole number")
@@ -109,41 +139,34 @@ def check_values(cfg: Any, r: dict[str, Any], choices: Choices) -> None:
         raise ConfigError(f"prefetch_factor={r['prefetch_factor']} must be at least 1")
     if problem := limits.workers_problem(r["num_workers"]):
         raise ConfigError(problem)
-    if r["activation_checkpointing"] != "none" and not MODEL_SPECS[r["model"]].has_blocks:
+
+
+def _check_against_data_size(cfg: Any, r: dict[str, Any]) -> None:
+    """The batch, an epoch's accumulation window and the prefetch within the training set's size;
+    `epochs` becomes `r["steps"]` here (unknown size, a hub set offline: nothing to check)."""
+    size = custom.train_count(r["data"], r["seq_len"])
+    if size is None:
+        return
+    if r["batch_size"] > size:
         raise ConfigError(
-            f"activation_checkpointing={r['activation_checkpointing']!r} needs a model with blocks; "
-            f"use model='gpt' or 'minilm', or activation_checkpointing='none'"
+            f"batch_size={r['batch_size']} is larger than data={custom.shown_data(r['data'])} ({size} training samples); "
+            f"pass batch_size <= {size}"
         )
-    shape = DATASETS[data].input_shape if named else None
-    if not own_model and (problem := limits.dims_problem(r["model"], r["dims"], shape)):
-        raise ConfigError(problem)
-    _check_seq_len(r)
-    _check_save_and_resume(r)
-    _check_device(r)
-    _check_fewer_bytes(r, choices)
-    _check_speed(r, choices)
-    size = custom.train_count(data, r["seq_len"])  # None: a hub set, of unknown size offline
-    if size is not None:
-        if r["batch_size"] > size:
+    if cfg.epochs is not None:
+        # Steps per epoch: full micro-batches (drop_last) grouped by accumulation.
+        per_epoch = (size // r["batch_size"]) // r["grad_accum_steps"]
+        if per_epoch < 1:
             raise ConfigError(
-                f"batch_size={r['batch_size']} is larger than data={custom.shown_data(data)} ({size} training samples); "
-                f"pass batch_size <= {size}"
+                f"grad_accum_steps={r['grad_accum_steps']} x batch_size={r['batch_size']} exceeds "
+                f"one epoch of {custom.shown_data(r['data'])} ({size} samples); lower one of them"
             )
-        if cfg.epochs is not None:
-            # Steps per epoch: full micro-batches (drop_last) grouped by accumulation.
-            per_epoch = (size // r["batch_size"]) // r["grad_accum_steps"]
-            if per_epoch < 1:
-                raise ConfigError(
-                    f"grad_accum_steps={r['grad_accum_steps']} x batch_size={r['batch_size']} exceeds "
-                    f"one epoch of {custom.shown_data(data)} ({size} samples); lower one of them"
-                )
-            r["steps"] = max(1, math.ceil(cfg.epochs * per_epoch))
-        batches = size // r["batch_size"]
-        if r["prefetch_factor"] is not None and r["prefetch_factor"] > batches:
-            # Measured: prefetch_factor=10**9 hung the first batch for over 2 minutes (the loader
-            # asks for 10**9 indices one by one), for nothing: a worker holds one epoch at most.
-            raise ConfigError(f"prefetch_factor={r['prefetch_factor']} is more batches ahead than an epoch of "
-                              f"{custom.shown_data(data)} holds ({batches}); pass prefetch_factor <= {batches}, e.g. 2")
+        r["steps"] = max(1, math.ceil(cfg.epochs * per_epoch))
+    batches = size // r["batch_size"]
+    if r["prefetch_factor"] is not None and r["prefetch_factor"] > batches:
+        # Measured: prefetch_factor=10**9 hung the first batch for over 2 minutes (the loader
+        # asks for 10**9 indices one by one), for nothing: a worker holds one epoch at most.
+        raise ConfigError(f"prefetch_factor={r['prefetch_factor']} is more batches ahead than an epoch of "
+                          f"{custom.shown_data(r['data'])} holds ({batches}); pass prefetch_factor <= {batches}, e.g. 2")
 
 
 def _check_own(r: dict[str, Any]) -> None:
@@ -338,7 +361,7 @@ def _check_speed(r: dict[str, Any], choices: Choices) -> None:
     if r["attention"] == "sdpa" and r["model"] != "gpt":
         raise ConfigError(f"attention='sdpa' switches the GPT's attention and model={r['model']!r} is not the GPT; "
                           "use model='gpt' or attention='explicit'")
-    if problem := implementation_problem(_Namespace(r)):
+    if problem := implementation_problem(SimpleNamespace(**r)):  # a config's attributes
         raise ConfigError(problem)
     if r["tf32"]:
         if device != "cuda":
@@ -348,10 +371,3 @@ def _check_speed(r: dict[str, Any], choices: Choices) -> None:
         if info is not None and info.compute_capability < (8, 0):
             raise ConfigError(f"tf32=True needs an Ampere or newer GPU (compute capability 8.0+); "
                               f"{info.name} is {info.compute_capability[0]}.{info.compute_capability[1]}: use tf32=False")
-
-
-class _Namespace:
-    """Attribute access to the resolved values, for builders that take a config."""
-
-    def __init__(self, values: dict[str, Any]) -> None:
-        self.__dict__.update(values)

@@ -172,24 +172,34 @@ def _launch(target: RunConfig | Callable[..., Any], args: tuple, *, num_processe
             threads_per_process: int | None, device: str) -> tuple[dict[int, Any], str | None, str]:
     """Start the children, pump their messages until they finish; (values, failure, status)."""
     import torch
-    from accelerate.utils import PrepareForLaunch, patch_environment
-    from torch.distributed import TCPStore
-    from torch.multiprocessing import start_processes
-    from torch.multiprocessing.spawn import (
-        ProcessExitedException,
-        ProcessRaisedException,
-    )
 
     _check_num_processes(num_processes)
     _check_limits(timeout_s, threads_per_process)
-    cpu = device == "cpu"
-    if not cpu and num_processes > torch.cuda.device_count():
+    if device != "cpu" and num_processes > torch.cuda.device_count():
         raise ValueError(
             f"num_processes={num_processes} but {torch.cuda.device_count()} GPU(s) are visible; "
             f"pass num_processes <= {torch.cuda.device_count()} or device='cpu'"
         )
-    method = _start_method(start_method)
     threads = threads_per_process or max(1, torch.get_num_threads() // num_processes)
+    context, readers, store = _start_children(target, args, name=name, num_processes=num_processes, threads=threads,
+                                              method=_start_method(start_method), cpu=device == "cpu")
+    try:
+        return _gather(context, readers, on_record=on_record, timeout_s=timeout_s)
+    finally:
+        _stop(context)
+        for reader in list(readers):
+            reader.close()
+        del store
+
+
+def _start_children(target: RunConfig | Callable[..., Any], args: tuple, *, name: str | None, num_processes: int,
+                    threads: int, method: str, cpu: bool) -> tuple[Any, dict[Any, int], Any]:
+    """The children, started on a rendezvous store held here; (their context, a pipe reader per
+    rank, the store: keep it until they are done)."""
+    from accelerate.utils import PrepareForLaunch, patch_environment
+    from torch.distributed import TCPStore
+    from torch.multiprocessing import start_processes
+
     ctx = multiprocessing.get_context(method)
     pipes = [ctx.Pipe(duplex=False) for _ in range(num_processes)]
     readers = {reader: rank for rank, (reader, _) in enumerate(pipes)}
@@ -206,20 +216,29 @@ def _launch(target: RunConfig | Callable[..., Any], args: tuple, *, num_processe
     )
     if cpu:
         env["accelerate_use_cpu"] = "true"
-    distributed_type = "MULTI_CPU" if cpu else "MULTI_GPU"
     with patch_environment(**env):
         context = start_processes(
-            PrepareForLaunch(_child, distributed_type=distributed_type),
+            PrepareForLaunch(_child, distributed_type="MULTI_CPU" if cpu else "MULTI_GPU"),
             args=(target, args, name, writers, num_processes, threads, cpu),
             nprocs=num_processes, join=False, start_method=method,
         )
     for writer in writers:  # the children hold them now; closed here, a dead child reads as EOF
         writer.close()
+    return context, readers, store
+
+
+def _gather(context: Any, readers: dict[Any, int], *, on_record: Callable[[str, Any], None],
+            timeout_s: float | None) -> tuple[dict[int, Any], str | None, str]:
+    """Pass the children's records on and keep their values until they all end, one fails or
+    the time is up; (values by rank, failure, status). The readers of ended pipes are dropped."""
+    from torch.multiprocessing.spawn import (
+        ProcessExitedException,
+        ProcessRaisedException,
+    )
 
     values: dict[int, Any] = {}
     errors: list[dict[str, Any]] = []
-    failure: str | None = None
-    status = "ok"
+    failure, status = None, "ok"
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
 
     def pump(wait_s: float) -> None:
@@ -260,11 +279,6 @@ def _launch(target: RunConfig | Callable[..., Any], args: tuple, *, num_processe
             failure = f"process {first['rank']} failed first{then}:\n{first['traceback'].strip()}"
     except KeyboardInterrupt:
         failure, status = "stopped by the user", "interrupted"
-    finally:
-        _stop(context)
-        for reader in list(readers):
-            reader.close()
-        del store
     return values, failure, status
 
 
@@ -319,7 +333,6 @@ def launch(config: RunConfig, *, num_processes: int = 2, name: str | None = None
         raise TypeError(f"name must be text, got {type(name).__name__} {name!r}; pass e.g. name='2 processes'")
     check_fits(cfg, processes=num_processes)  # all N on this machine: refused here, before any fork
     name = name or f"{custom.model_name(cfg.model)} {cfg.precision} b{cfg.batch_size} x{num_processes}"
-    sinks = list(sinks)
     # What the parent saw of the run: rank 0's records (they already hold the global figures).
     recorder = Recorder(name=name, total_steps=cfg.steps, log_every=cfg.log_every, sinks=sinks, meter=None,
                         device=hardware.resolve_device(cfg.device), num_processes=num_processes)
@@ -337,7 +350,7 @@ def launch(config: RunConfig, *, num_processes: int = 2, name: str | None = None
     values, failure, status = _launch(  # the children resolve `config` in their world (epochs)
         config, (), num_processes=num_processes, name=name, on_record=on_record, timeout_s=timeout_s,
         start_method=start_method, threads_per_process=threads_per_process,
-        device=hardware.resolve_device(cfg.device),
+        device=recorder.device,
     )
     wall = time.perf_counter() - began
     extra = {"launch_wall_s": wall, "processes": sorted(hellos, key=lambda h: h["rank"])}
@@ -352,7 +365,7 @@ def launch(config: RunConfig, *, num_processes: int = 2, name: str | None = None
     if failure and status == "failed":
         print(f"[{name}] a child process failed:\n{failure}", file=sys.stderr, flush=True)
     if recorder.ended is None or recorder.ended.status == "ok":  # the sinks hear how it ended
-        recorder.end(status, message, sinks=sinks)
+        recorder.end(status, message, sinks=recorder.sinks)
     # what the parent saw of a run that did not finish: its curve so far
     return recorder.result(config=cfg, status=status, message=message, wall_s=wall,
                            extra={**extra, "traceback": failure or ""})

@@ -42,12 +42,36 @@ from workbench.measure.result import LoopDescription, RunResult
 
 
 class Monitor:
-    """Watches a hand-written training loop; see the module docstring. Made by `monitor()`."""
+    """Measure a hand-written loop of `steps` optimizer steps as `run()` measures its own
+    (see the module docstring); `monitor(...)` makes one.
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, *, steps: int,
-                 name: str, sinks: Iterable[Sink], log_every: int | None, precision: str, batch_size: int | None,
-                 grad_accum_steps: int, checkpointing: str, text: bool, count_first_step: bool,
-                 rank: int = 0, num_processes: int = 1) -> None:
+    Args:
+        model, optimizer: what the loop trains (the optimizer's state is counted; None: no optimizer).
+        steps: optimizer steps the loop will take (for progress; stopping early is fine).
+        sinks: where the records go (`wb.monitor` defaults them to the live view).
+        log_every: steps between log records, the only device syncs; default about 10 logs a run.
+        precision, batch_size, grad_accum_steps, checkpointing: what the loop does, for the
+            results table and the right peak FLOP/s (labels: the monitor does not change the loop).
+        text: the loop passes `tokens=` per step (tokens/s).
+        count_first_step: count the first step's saved activations and FLOPs exactly.
+        accelerator: under accelerate with several processes, for the rank and the group size.
+
+    Example:
+        >>> model = torch.nn.Linear(4, 2); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> with monitor(model, opt, steps=3, name="tiny") as mon:
+        ...     for _ in range(3):
+        ...         with mon.step(samples=8):
+        ...             loss = model(torch.ones(8, 4)).square().mean(); loss.backward(); opt.step(); opt.zero_grad()
+        ...             mon.loss(loss)
+        >>> mon.result.status, mon.result.steps_done, mon.result.flops_per_step  # forward 128 + weight gradient 128
+        ('ok', 3, 256)
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *, steps: int,
+                 name: str = "hand-written loop", sinks: Iterable[Sink] = (), log_every: int | None = None,
+                 precision: str = "fp32", batch_size: int | None = None, grad_accum_steps: int = 1,
+                 checkpointing: str = "none", text: bool = False, count_first_step: bool = True,
+                 accelerator: Any = None) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}; pass the model you train")
         if isinstance(steps, int) and not isinstance(steps, bool) and log_every is None:
@@ -64,15 +88,17 @@ class Monitor:
             model=type(model).__name__, precision=precision, batch_size=batch_size, grad_accum_steps=grad_accum_steps,
             activation_checkpointing=checkpointing, device=self.device.type)
         peak, peak_source = hardware.peak_flops(self.device.type, precision)
+        rank, processes = (accelerator.process_index, accelerator.num_processes) if accelerator is not None else (0, 1)
         self.recorder = Recorder(name=name, total_steps=steps, log_every=log_every, sinks=sinks,
                                  meter=MemoryMeter(self.device), device=self.device.type, peak=peak,
-                                 peak_source=peak_source, rank=rank, num_processes=num_processes)
+                                 peak_source=peak_source, rank=rank, num_processes=processes)
         self.recorder.text = text
         self.result: RunResult | None = None
         """The RunResult, once the `with` block has ended (however it ended)."""
         self._loss_sum = torch.zeros((), device=self.device)  # summed on the device: no sync per step
         self._loss_count = 0
         self._wall_start = time.perf_counter()
+        self._sync_device = (lambda: torch.cuda.synchronize(self.device)) if self.device.type == "cuda" else (lambda: None)
 
     # -- the with-block: start, and end however it ends --
 
@@ -121,7 +147,7 @@ class Monitor:
             self.description = dataclasses.replace(self.description, batch_size=per_micro)
         if probe:
             recorder.probed(flops=flops.total, activation_bytes=saved.bytes)
-        if recorder.end_step(sync=self._sync):  # the first step: kept, and not timed
+        if recorder.end_step(sync=self._sync_device):  # the first step: kept, and not timed
             loss = (self._loss_sum / max(self._loss_count, 1)).item()  # the log step's sync
             self._loss_sum.zero_()
             self._loss_count = 0
@@ -136,42 +162,5 @@ class Monitor:
         self._loss_sum += loss.detach().float().to(self._loss_sum.device)
         self._loss_count += 1
 
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
 
-def monitor(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *, steps: int,
-            name: str = "hand-written loop", sinks: Iterable[Sink] = (), log_every: int | None = None,
-            precision: str = "fp32", batch_size: int | None = None, grad_accum_steps: int = 1,
-            checkpointing: str = "none", text: bool = False, count_first_step: bool = True,
-            accelerator: Any = None) -> Monitor:
-    """Measure a hand-written loop of `steps` optimizer steps as `run()` measures its own.
-
-    Args:
-        model, optimizer: what the loop trains (the optimizer's state is counted; None: no optimizer).
-        steps: optimizer steps the loop will take (for progress; stopping early is fine).
-        sinks: where the records go (`wb.monitor` defaults them to the live view).
-        log_every: steps between log records, the only device syncs; default about 10 logs a run.
-        precision, batch_size, grad_accum_steps, checkpointing: what the loop does, for the
-            results table and the right peak FLOP/s (labels: the monitor does not change the loop).
-        text: the loop passes `tokens=` per step (tokens/s).
-        count_first_step: count the first step's saved activations and FLOPs exactly.
-        accelerator: under accelerate with several processes, for the rank and the group size.
-
-    Example:
-        >>> model = torch.nn.Linear(4, 2); opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        >>> with monitor(model, opt, steps=3, name="tiny") as mon:
-        ...     for _ in range(3):
-        ...         with mon.step(samples=8):
-        ...             loss = model(torch.ones(8, 4)).square().mean(); loss.backward(); opt.step(); opt.zero_grad()
-        ...             mon.loss(loss)
-        >>> mon.result.status, mon.result.steps_done, mon.result.flops_per_step  # forward 128 + weight gradient 128
-        ('ok', 3, 256)
-    """
-    rank, processes = 0, 1
-    if accelerator is not None:
-        rank, processes = accelerator.process_index, accelerator.num_processes
-    return Monitor(model, optimizer, steps=steps, name=name, sinks=sinks,
-                   log_every=log_every, precision=precision, batch_size=batch_size,
-                   grad_accum_steps=grad_accum_steps, checkpointing=checkpointing, text=text,
-                   count_first_step=count_first_step, rank=rank, num_processes=processes)
+monitor = Monitor  # wb.monitor(model, optimizer, steps=...): a Monitor, documented above

@@ -60,7 +60,7 @@ MUST_MATCH = ("model", "data", "dims", "seq_len", "batch_size", "grad_accum_step
               "lr", "weight_decay", "precision", "seed", "qat")
 # Fields a resumed run may change, though its curve then differs from an unbroken run's (said).
 CHANGES_THE_CURVE = ("max_grad_norm", "grad_scaler")
-# The loop's history (loop_state.LoopState attributes) that a resumed run carries on.
+# The loop's history (its recorder's attributes: measure.recorder.Recorder) that a resumed run carries on.
 LOOP_FIELDS = ("step", "loss_steps", "losses", "activation_bytes", "flops_per_step",
                "skipped_steps", "loss_scales")
 

@@ -197,8 +197,8 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
             # evaluation's other batch size and no-grad mode compile nothing more.
             trained = compile_model(model, cfg.compile)
             notes = [hardware.emulation_warning(device.type, cfg.precision), *(checkpoint.notes if checkpoint else [])]
-            # a resume that cannot be exact says so in the warnings
-            state.start(precision=cfg.precision, config=cfg.to_dict(), warnings=tuple(w for w in notes if w))
+            warnings = tuple(w for w in notes if w)  # a resume that cannot be exact says so here
+            state.start(precision=cfg.precision, config=cfg.to_dict(), warnings=warnings)
             with tf32_matmuls(cfg.tf32):  # technique: TF32 (CUDA fp32 matmuls on tensor cores), training only
                 _train(cfg, accelerator, trained, optimizer, loader, state)
             state.train_peak_bytes = meter.peak_bytes()  # the steps' peak, before evaluation's
@@ -221,8 +221,7 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
         if model is not None:  # refused before building anything: nothing to free (a collection costs ~1 s)
             free(accelerator)
         raise
-    # Only the sinks that started hear it: an out-of-memory or Ctrl-C while setting up ends it before.
-    state.end(status, message, summary=result.summary())
+    state.end(status, message, summary=result.summary())  # an OOM or Ctrl-C while setting up: no sink started
     remember(result)
     if status != "ok":
         free(accelerator)

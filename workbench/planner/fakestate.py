@@ -47,8 +47,6 @@ def build(model_name: str | ModuleKey, spec_key: tuple, dims: tuple) -> nn.Modul
     return set_attention(build_model(model_name, data=spec, dims=sizes), attention)
 
 
-
-
 def _storages(tensors: Any) -> dict[int, int]:
     return {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in tensors}
 
@@ -86,21 +84,10 @@ def model_state(model_name: str, spec_key: tuple, dims: tuple, optimizer: str, w
 
     `trainable`: the TRAINABLE_FIELDS values (freezing, LoRA) applied; `shard` = (processes,
     rank): the bytes that rank holds when the model state is sharded (sharding='full')."""
-    from torch._subclasses.fake_tensor import DataDependentOutputException
-
     from workbench.core.config import RunConfig
     from workbench.core.optim import make_optimizer
-    from workbench.core.trainable import freeze_parts, lora_shapes
-    from workbench.measure.counters import (
-        _held,
-        gradient_bytes,
-        optimizer_state_bytes,
-        parameter_bytes,
-        shard_rows,
-    )
-    from workbench.measure.flops import FlopCounter
+    from workbench.measure.counters import gradient_bytes, optimizer_state_bytes, parameter_bytes, shard_rows
 
-    choice = SimpleNamespace(**dict(zip(TRAINABLE_FIELDS, trainable)))
     if optimizer == "adamw8bit":
         # Its 256-entry lookup tables are built from Python lists, which fake tensors cannot
         # be: build them (torchao caches them) before entering the fake mode.
@@ -111,15 +98,7 @@ def model_state(model_name: str, spec_key: tuple, dims: tuple, optimizer: str, w
     foreach = device == "cuda"  # torch's default: foreach on CUDA tensors, per parameter on CPU ones
     with fake_mode():
         model = build(model_name, spec_key, dims)
-        every = list(model.parameters())
-        if choice.lora_rank:
-            # peft cannot wrap fake tensors (its .to() swaps them): every weight frozen, plus
-            # LoRA's A and B matrices of exactly the shapes peft adds (trainable.lora_shapes).
-            model.requires_grad_(False)
-            every += [nn.Parameter(torch.zeros(shape)) for shape in
-                      lora_shapes(model, rank=choice.lora_rank, targets=choice.lora_targets)]
-        else:
-            freeze_parts(model, choice.freeze, first_layers=choice.freeze_layers)
+        every = _parameters_to_hold(model, SimpleNamespace(**dict(zip(TRAINABLE_FIELDS, trainable))))
         count = sum(p.numel() for p in every)  # LoRA's adapters included, as run() counts them
         trained = sum(p.numel() for p in every if p.requires_grad)
         processes, rank = shard
@@ -135,33 +114,66 @@ def model_state(model_name: str, spec_key: tuple, dims: tuple, optimizer: str, w
         opt = make_optimizer(held, RunConfig(model=named, optimizer=optimizer, weight_decay=weight_decay).resolved())
         for group in opt.param_groups:
             group["foreach"] = foreach
-        live = LiveTensors(round_to=CUDA_BLOCK_BYTES if device == "cuda" else 1)
-        ops = FlopCounter(record_ops=True)
-        try:
-            opt.step()  # PyTorch optimizers create their state lazily, at the first step
-            counters = [leaf for s in opt.state.values() for k, v in s.items()
-                        if isinstance(v, torch.Tensor) and not (device == "cuda" and k == "step") for leaf in _held(v)]
-            resident = sum(device_bytes(n, device) for n in _storages([*held, *model.buffers()]).values())
-            resident += sum(device_bytes(n, device) for n in _storages(counters).values())
-            with live, ops:
-                if clip:
-                    torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=foreach)
-                opt.step()
-        except DataDependentOutputException:
-            # Adafactor reads a norm with .item(), which a fake tensor cannot answer; it has made
-            # every parameter's state by then (counted only if so). Its step's temporaries are not.
-            if len(opt.state) < len(params):
-                raise
-            counters = [leaf for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)
-                        for leaf in _held(v)]
-            resident = sum(device_bytes(n, device) for n in _storages([*held, *model.buffers()]).values())
-            resident += sum(device_bytes(n, device) for n in _storages(counters).values())
+        resident, step_bytes, ops = _optimizer_steps(opt, params, [*held, *model.buffers()], clip=clip,
+                                                     foreach=foreach, device=device)
         return ModelState(
             parameter_count=count, parameter_bytes=parameter_bytes(held),
             buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
             gradient_bytes=gradient_bytes(held, expected=True), optimizer_state_bytes=optimizer_state_bytes(opt),
             resident_bytes=resident, gradient_device_bytes=sum(device_bytes(p.numel() * p.element_size(), device)
                                                                for p in params),
-            optimizer_step_bytes=live.peak_bytes, optimizer_ops=tuple(ops.ops or ()),
-            trainable_parameter_count=trained,
+            optimizer_step_bytes=step_bytes, optimizer_ops=ops, trainable_parameter_count=trained,
         )
+
+
+def _parameters_to_hold(model: nn.Module, choice: SimpleNamespace) -> list[nn.Parameter]:
+    """The model's parameters with freezing applied, or, with LoRA, every weight frozen plus the
+    adapters: peft cannot wrap fake tensors (its .to() swaps them), so LoRA's A and B matrices
+    are made here, of exactly the shapes peft adds (trainable.lora_shapes)."""
+    from workbench.core.trainable import freeze_parts, lora_shapes
+
+    every = list(model.parameters())
+    if choice.lora_rank:
+        model.requires_grad_(False)
+        every += [nn.Parameter(torch.zeros(shape)) for shape in
+                  lora_shapes(model, rank=choice.lora_rank, targets=choice.lora_targets)]
+    else:
+        freeze_parts(model, choice.freeze, first_layers=choice.freeze_layers)
+    return every
+
+
+def _optimizer_steps(opt: torch.optim.Optimizer, params: list[nn.Parameter], resident: list[torch.Tensor], *,
+                     clip: bool, foreach: bool, device: str) -> tuple[int, int, tuple[tuple[int, int, str], ...]]:
+    """Two optimizer steps: the first makes the state, the second (clipping first) is replayed;
+    (resident bytes of `resident` and the state, peak of the second step's temporaries, its ops)."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
+    from workbench.measure.flops import FlopCounter
+
+    live = LiveTensors(round_to=CUDA_BLOCK_BYTES if device == "cuda" else 1)
+    ops = FlopCounter(record_ops=True)
+    try:
+        opt.step()  # PyTorch optimizers create their state lazily, at the first step
+        resident_bytes = _resident_bytes(resident, opt, device, host_steps=device == "cuda")
+        with live, ops:
+            if clip:
+                torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=foreach)
+            opt.step()
+    except DataDependentOutputException:
+        # Adafactor reads a norm with .item(), which a fake tensor cannot answer; it has made
+        # every parameter's state by then (counted only if so). Its step's temporaries are not.
+        if len(opt.state) < len(params):
+            raise
+        resident_bytes = _resident_bytes(resident, opt, device, host_steps=False)
+    return resident_bytes, live.peak_bytes, tuple(ops.ops or ())
+
+
+def _resident_bytes(tensors: list[torch.Tensor], opt: torch.optim.Optimizer, device: str, *, host_steps: bool) -> int:
+    """Device bytes of `tensors` and of the optimizer's state, each storage once (`host_steps`:
+    without the `step` counters, which torch keeps on the host)."""
+    from workbench.measure.counters import _held
+
+    state = [leaf for s in opt.state.values() for k, v in s.items()
+             if isinstance(v, torch.Tensor) and not (host_steps and k == "step") for leaf in _held(v)]
+    return (sum(device_bytes(n, device) for n in _storages(tensors).values())
+            + sum(device_bytes(n, device) for n in _storages(state).values()))

@@ -39,6 +39,7 @@ import bisect
 import contextlib
 import functools
 import gc
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any, NamedTuple
 
@@ -142,15 +143,51 @@ class _Raw(NamedTuple):
 _NEVER = 2**62
 
 
+def _mark_groups(blocks: nn.ModuleList, group: int, state: SimpleNamespace, mark: Callable[[str], None]) -> None:
+    """Hooks that `mark` the first two groups of `group` blocks: F0/F1 after each group's forward
+    (not the recompute of a checkpointed block in backward), B1/B0 when the gradient of each
+    group's input is complete."""
+    def after(label: str, hook_output: bool) -> Any:
+        def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+            if state.forward:
+                mark(label)
+                if hook_output:  # its gradient is complete once the next group's backward is done
+                    output.register_hook(lambda grad: mark("B1"))
+        return hook
+
+    def before_first(module: nn.Module, args: tuple) -> None:
+        if state.forward:
+            args[0].register_hook(lambda grad: mark("B0"))
+
+    blocks[group - 1].register_forward_hook(after("F0", True))
+    blocks[2 * group - 1].register_forward_hook(after("F1", False))
+    blocks[0].register_forward_pre_hook(before_first)
+
+
+def _held_between_steps(spec_key: tuple, batch: int, precision: str, device: str) -> tuple:
+    """What the loop holds when a step begins, made in this order: the previous step's `logits`,
+    `loss` and `batch`; on a CPU also the batch accelerate's loader has fetched ahead (else None);
+    the loop's loss window (its slots and three running figures, for the whole run); fp16's
+    GradScaler scale (else None) with its growth tracker and the last step's found-inf flag:
+    scalars, but live too."""
+    logits = torch.empty(_logits_shape(spec_key, batch))
+    loss = torch.zeros(())
+    batch_now = _inputs(spec_key, batch)
+    ahead = _inputs(spec_key, batch) if device == "cpu" else None
+    scalars = [torch.zeros(LOSS_WINDOW_SLOTS), torch.zeros(3)]
+    scale = None
+    if precision == "fp16":
+        scale = torch.ones(())
+        scalars += [torch.zeros((), dtype=torch.int32), torch.zeros(())]
+    return logits, loss, batch_now, ahead, scalars, scale
+
+
 @functools.lru_cache(maxsize=256)
 def _replay(model_name: str, spec_key: tuple, dims: tuple, precision: str, checkpointing: str, *,
             batch: int, device: str, group: int) -> _Raw:
     """Replay two micro-batches of the loop on fake tensors (the first without gradients,
-    the second adding into them), recording every storage's life and the marks.
-
-    `group` > 0 (GPT): mark the boundaries of the first two groups of `group` blocks:
-    F0/F1 after each group's forward, B1/B0 when the gradient of each group's input is
-    complete (suffixed with the micro-batch number).
+    the second adding into them), recording every storage's life and the marks (suffixed with the
+    micro-batch number). `group` > 0 (GPT): the first two groups of `group` blocks marked too.
     """
     micro_batches = 2
     from workbench.core.models import loss_fn, set_activation_checkpointing
@@ -173,43 +210,13 @@ def _replay(model_name: str, spec_key: tuple, dims: tuple, precision: str, check
             marks[f"{label}.{state.micro}"] = (clock, flops.total, saved.bytes, len(counters[state.micro - 1].ops or ()))
 
         if group:
-            blocks = model.blocks
-
-            def after(label: str, hook_output: bool) -> Any:
-                def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
-                    if state.forward:  # not the recompute of a checkpointed block in backward
-                        mark(label)
-                        if hook_output:  # its gradient is complete once the next group's backward is done
-                            output.register_hook(lambda grad: mark("B1"))
-                return hook
-
-            def before_first(module: nn.Module, args: tuple) -> None:
-                if state.forward:
-                    args[0].register_hook(lambda grad: mark("B0"))
-
-            blocks[group - 1].register_forward_hook(after("F0", True))
-            blocks[2 * group - 1].register_forward_hook(after("F1", False))
-            blocks[0].register_forward_pre_hook(before_first)
-
+            _mark_groups(model.blocks, group, state, mark)
         dtype = AUTOCAST_DTYPES.get(precision)
         policy = CudaAutocastPolicy() if device == "cuda" and dtype else contextlib.nullcontext()
         gc.disable()  # fake tensors freed by reference counts alone: the same levels everywhere
         try:
             with live, policy:
-                # Left from the previous step: the loop's `logits`, `loss` and `batch`; on a CPU
-                # also the batch accelerate's loader has fetched ahead.
-                logits = torch.empty(_logits_shape(spec_key, batch))
-                loss = torch.zeros(())
-                batch_now = _inputs(spec_key, batch)
-                ahead = _inputs(spec_key, batch) if device == "cpu" else None
-                # The loop's loss window (its slots and three running figures, for the whole run);
-                # fp16's GradScaler keeps its scale, its growth tracker and the last step's
-                # found-inf flag: scalars, but live too.
-                scalars = [torch.zeros(LOSS_WINDOW_SLOTS), torch.zeros(3)]
-                scale = None
-                if precision == "fp16":
-                    scale = torch.ones(())
-                    scalars += [torch.zeros((), dtype=torch.int32), torch.zeros(())]
+                logits, loss, batch_now, ahead, scalars, scale = _held_between_steps(spec_key, batch, precision, device)
                 for micro in range(1, micro_batches + 1):
                     state.micro = micro
                     counting = micro == 1
