@@ -93,7 +93,7 @@ def test_arm_budget_halves_the_emulated_budget_for_every_arm_and_leaves_native_a
     preset = get_preset()
     budget = arm_budget(device="cpu")
     assert budget == {"steps": max(2, preset.reduced_precision_steps_on_emulated_cpu // 2), "log_every": 1,
-                      "eval_samples": min(preset.max_eval_samples, 200)}
+                      "batch_size": max(1, preset.batch_size["gpt"] // 2), "eval_samples": min(preset.max_eval_samples, 200)}
     assert "emulates fp16 (a matmul measured 80x slower" in capsys.readouterr().out
     assert arm_budget(("fp32", "bf16"), device="cpu") == {}
 
