@@ -140,3 +140,32 @@ def test_gpt_saved_bytes_under_autocast_match_the_formula_exactly(device, precis
 def test_cuda_fp16_gets_accelerates_grad_scaler_with_the_knobs():
     result = run(RunConfig(**TINY, precision="fp16", device="cuda", grad_scaler={"init_scale": 2.0**40}), sinks=[], name="g")
     assert result.skipped_steps >= 1 and result.loss_scales[-1] == 2.0**40 * 0.5**result.skipped_steps
+
+
+def _fake_run(precision, step_time_s, activation_bytes, *, loss=2.0, skipped=0, scales=(), preset="cpu-quick"):
+    from types import SimpleNamespace
+
+    memory = SimpleNamespace(activation_bytes=activation_bytes, model_state_bytes=1000, peak_bytes=None)
+    config = SimpleNamespace(precision=precision, preset=preset, grad_scaler={"init_scale": 2.0**40} if scales else None)
+    return SimpleNamespace(config=config, device="cpu", step_time_s=step_time_s, memory=memory, final_loss=loss,
+                           eval_loss=loss, accuracy=0.5, steps_done=3, skipped_steps=skipped, loss_scales=list(scales))
+
+
+def test_claim_rows_say_holds_in_part_when_one_format_is_native_and_fast_and_the_other_emulated(monkeypatch):
+    from workbench.lessons.mixed_precision import claim_rows
+
+    monkeypatch.setattr(hardware, "precision_support", lambda device, p: "emulated" if p == "fp16" else "native")
+    forced = _fake_run("fp16", 1.0, 10, skipped=3, scales=(2.0**39, 2.0**38, 2.0**37))
+    rows = claim_rows(_fake_run("fp32", 1.0, 300), _fake_run("fp16", 10.0, 200), _fake_run("bf16", 0.5, 200), forced)
+    speed, memory, _, scaler = rows
+    assert speed[3] == "holds in part: fp16 is emulated on this cpu, 10x slower; bf16 native, 2.00x"
+    assert "-33% (fp16)" in memory[2] and scaler[2].startswith("init_scale=2**40: 3 of 3 steps skipped, scale -> 2**37")
+
+
+def test_claim_rows_refuse_an_emulated_format_that_was_not_slower(monkeypatch):
+    from workbench.lessons.mixed_precision import claim_rows
+
+    monkeypatch.setattr(hardware, "precision_support", lambda device, p: "emulated")
+    forced = _fake_run("fp16", 1.0, 10, skipped=1, scales=(2.0**39,))
+    with pytest.raises(AssertionError, match="emulated fp16 step should be clearly slower"):
+        claim_rows(_fake_run("fp32", 1.0, 300), _fake_run("fp16", 1.0, 200), _fake_run("bf16", 5.0, 200), forced)
