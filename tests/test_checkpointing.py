@@ -11,6 +11,7 @@ from workbench.measure.counters import (
 )
 from workbench.measure.flops import count_flops
 from workbench.measure.probe import gradients, make_probe
+from workbench.lessons import checkpointing
 from workbench.lessons.checkpointing import (
     Segments,
     checkpoint_sequential_forward,
@@ -109,3 +110,37 @@ def test_on_a_gpu_the_dial_reads_the_allocator_peak_and_checkpointing_lowers_it(
     dial = checkpointing_dial(probe.new_model(), probe.inputs, probe.labels, {"none": "none", "all": "all"}, rounds=3)
     assert dial.point("all").peak_kind == "CUDA allocator peak"
     assert dial.ratio("peak_bytes", "all") < 0.8 and dial.point("all").grad_difference <= 1e-5
+
+
+@pytest.fixture(scope="module")
+def tiny_runs():
+    import dataclasses
+
+    from workbench import run
+
+    config = dataclasses.replace(TINY_GPT, batch_size=B, steps=2, eval_samples=0)
+    return run(config, sinks=[]), run(dataclasses.replace(config, activation_checkpointing="all"), sinks=[])
+
+
+def test_block_accounting_checks_the_runs_against_the_formula_and_counts_each_block(tiny_runs, capsys):
+    picture = checkpointing.block_accounting(*tiny_runs)
+    per_block = gpt_activation_bytes_formula(S, B, H, A, 1)
+    assert f"each block: {per_block:,} B saved; checkpointed, {4 * S * B * H:,} B kept" in capsys.readouterr().out
+    assert picture is not None
+
+
+def test_claim_rows_judge_memory_and_gradients_and_leave_a_shared_cores_time_unjudged(tiny_runs):
+    baseline, checkpointed = tiny_runs
+    p = make_probe(baseline.config, samples=B)
+    pair = checkpointing_dial(p.new_model(), p.inputs, p.labels, {"none": "none", "all": "all"}, rounds=3)
+    rows = checkpointing.claim_rows(baseline, checkpointed, pair)
+    assert [r[0] for r in rows] == ["50-70% less memory", "~30% more compute time", "~20% slower", "the same gradients"]
+    assert rows[3][3] == "holds"
+    if not pair.timing_is_clean:
+        assert rows[1][3].startswith("not shown here") and rows[2][3].startswith("not shown here")
+
+
+def test_memory_moments_show_checkpointing_lowering_the_replayed_peak(capsys):
+    checkpointing.memory_moments(TINY_GPT)
+    none, all_ = (int(line.split("peak")[1].split("B")[0].replace(",", "")) for line in capsys.readouterr().out.splitlines()[:2])
+    assert all_ < none
