@@ -386,3 +386,13 @@ def test_first_step_seconds_reach_run_and_monitor_results():
                 opt.zero_grad()
                 mon.loss(loss)
     assert isinstance(mon.result, RunResult) and mon.result.first_step_s > 0
+
+
+def test_compile_problem_names_a_missing_cpp_compiler_for_a_cpu_model(monkeypatch, capsys):
+    from workbench.lessons.speed import compile_problem
+
+    monkeypatch.setattr(hardware, "cpp_compiler", lambda: None)
+    problem = compile_problem(torch.nn.Linear(2, 2))
+    assert "no C++ compiler" in problem and problem in capsys.readouterr().out
+    monkeypatch.setattr(hardware, "cpp_compiler", lambda: "/usr/bin/g++")
+    assert compile_problem(torch.nn.Linear(2, 2)) is None
