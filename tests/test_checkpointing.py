@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from workbench import RunConfig
-from workbench.core.models import loss_fn, set_activation_checkpointing
+from workbench.core.models import loss_fn
+from workbench.switches.checkpointing import set_activation_checkpointing
 from workbench.measure.counters import (
     SavedActivationCounter,
     gpt_activation_bytes_formula,

@@ -101,7 +101,7 @@ def test_two_groups_of_blocks_replayed_and_scaled_equal_the_whole_model_replayed
     cfg = RunConfig(model="gpt", seq_len=32, **{**changes, "dims": dict(n_head=4, d_model=64, **changes["dims"])})
     scaled = estimate(cfg, device=device)
     assert scaled.method.startswith("2 of") or scaled.method.startswith("5 of")
-    monkeypatch.setattr(estimate_module, "_groups", lambda c: (0, c.dims["n_layer"], 0))
+    monkeypatch.setattr(estimate_module.checkpointing, "replay_groups", lambda c: (0, c.dims["n_layer"], 0))
     whole = estimate(cfg, device=device)
     assert whole.method.startswith(f"{cfg.dims['n_layer']} of")
     assert (scaled.peak_bytes, scaled.peak_at, scaled.activation_bytes, scaled.flops_per_step) == (

@@ -1,6 +1,6 @@
 """Activation checkpointing as a dial: how much memory each setting saves, and what it costs.
 
-The switch itself is `models.set_activation_checkpointing(model, blocks)` (used by
+The switch itself is `switches.checkpointing.set_activation_checkpointing(model, blocks)` (used by
 `RunConfig.activation_checkpointing` and by notebooks alike): per block, with
 `torch.utils.checkpoint.checkpoint(use_reentrant=False)`. Here:
 
@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint_sequential
-from workbench.core.models import GPT, loss_fn, set_activation_checkpointing
+from workbench.core.models import GPT, loss_fn
+from workbench.switches.checkpointing import set_activation_checkpointing
 from workbench.core.report import Results, format_bytes
 from workbench.core.saved import note_saved
 from workbench.measure.contention import CoreShare, core_share

@@ -35,12 +35,8 @@ from typing import Any
 import torch
 from torch import nn
 from workbench.core.precisions import ACCELERATE_NAMES, scaler_kwargs
-from workbench.engine.accelerator import (
-    enable_fp16_on_cpu,
-    kwargs_handlers,
-    plain_accelerator,
-    reset_accelerate_state,
-)
+from workbench.engine.accelerator import plain_accelerator, reset_accelerate_state
+from workbench.switches.precision import enable_fp16_on_cpu, kwargs_handlers
 from collections import Counter
 from dataclasses import dataclass, field
 import torch.nn.functional as F

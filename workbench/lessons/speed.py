@@ -355,7 +355,7 @@ def matmul_tf32_speedup(*, n: int = 4096, repeats: int = 10) -> float:
         >>> matmul_tf32_speedup() > 2  # doctest: +SKIP  (an A100/H100: about 4-8)
         True
     """
-    from workbench.engine.speedups import tf32_matmuls
+    from workbench.switches.compiling import tf32_matmuls
 
     if not torch.cuda.is_available():
         raise RuntimeError("matmul_tf32_speedup needs a CUDA GPU; TF32 is a tensor-core format")
@@ -526,13 +526,9 @@ def step_bench(configs: dict[str, Any], *, rounds: int = 6) -> StepBench:
         >>> bench = step_bench({"eager": RunConfig(model="gpt"), "sdpa": RunConfig(model="gpt", attention="sdpa")})  # doctest: +SKIP
         >>> bench.ratio("step_time_s", "sdpa")  # doctest: +SKIP
     """
-    from workbench.core.models import (
-        build_model,
-        loss_fn,
-        set_activation_checkpointing,
-        set_attention,
-    )
-    from workbench.engine.speedups import compile_model, tf32_matmuls
+    from workbench.core.models import build_model, loss_fn, set_attention
+    from workbench.switches.checkpointing import set_activation_checkpointing
+    from workbench.switches.compiling import compile_model, tf32_matmuls
     from workbench.measure.probe import make_probe
 
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:

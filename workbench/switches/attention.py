@@ -1,0 +1,33 @@
+"""Fused attention (`RunConfig.attention`): a converter switch.
+
+'sdpa' makes the GPT call `F.scaled_dot_product_attention` (a fused kernel that keeps no s x s
+matrix) instead of its explicit matmul, mask, softmax, matmul; the registry of names is
+`core.models.ATTENTIONS`, the switch in the model `models.set_attention`. The estimate replays
+the GPT the same way (the attention rides in the replay's dims).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from workbench.core.errors import ConfigError
+from workbench.core.models import ATTENTIONS, set_attention
+
+CHOICES = ATTENTIONS
+
+
+def check(r: dict[str, Any]) -> None:
+    if r["attention"] == "sdpa" and r["model"] != "gpt":
+        raise ConfigError(f"attention='sdpa' switches the GPT's attention and model={r['model']!r} is not the GPT; "
+                          "use model='gpt' or attention='explicit'")
+
+
+def apply(model: nn.Module, cfg: Any) -> nn.Module:
+    return set_attention(model, cfg.attention)
+
+
+def replay_dims(cfg: Any) -> dict[str, Any]:
+    """What the estimate's replayed GPT is built with besides its sizes."""
+    return {"attention": cfg.attention}
