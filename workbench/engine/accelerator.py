@@ -17,6 +17,7 @@ from typing import Any
 from workbench.core import hardware
 from workbench.core.precisions import ACCELERATE_NAMES
 from workbench.switches import accumulation, data_loading, precision
+from workbench.switches.precision import enable_fp16_on_cpu
 
 
 def reset_accelerate_state(*, keep_process_group: bool | None = None) -> None:
@@ -53,7 +54,7 @@ def plain_accelerator(precision: str, *, device: str = "auto", **kwargs: Any) ->
     device = hardware.resolve_device(device)
     reset_accelerate_state(keep_process_group=False)
     accelerator = Accelerator(cpu=device == "cpu", mixed_precision=ACCELERATE_NAMES[precision], **kwargs)
-    precision.enable_fp16_on_cpu(accelerator, None)
+    enable_fp16_on_cpu(accelerator, None)
     return accelerator
 
 

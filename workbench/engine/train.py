@@ -24,39 +24,16 @@ from workbench.core.config import RunConfig
 from workbench.core.models import loss_fn
 from workbench.engine import resume
 from workbench.engine.accelerator import make_accelerator
-from workbench.engine.ending import (
-    Diverged,
-    RunInterrupted,
-    diverged_message,
-    free,
-    keep_partial,
-    remember,
-    untangle,
-)
+from workbench.engine.ending import Diverged, RunInterrupted, diverged_message, free, keep_partial, remember, untangle
 from workbench.engine.speedups import LoopPhases
 from workbench.engine.state import LoopState, LossWindow, build_result, evaluate
 from workbench.measure import oom
-from workbench.measure.counters import (
-    SavedActivationCounter,
-    gradient_bytes,
-    optimizer_state_bytes,
-    parameter_bytes,
-)
+from workbench.measure.counters import SavedActivationCounter, gradient_bytes, optimizer_state_bytes, parameter_bytes
 from workbench.measure.flops import FlopCounter
 from workbench.measure.meters import IntervalMeter, MemoryMeter, Throughput, mfu
 from workbench.measure.records import RunEnd, RunStart, Sink, StepRecord
 from workbench.measure.result import RunResult
-from workbench.switches import (
-    attention,
-    checkpointing,
-    compiling,
-    data_loading,
-    optimizer,
-    precision,
-    qat,
-    sharding,
-    trainable,
-)
+from workbench.switches import attention, checkpointing, compiling, data_loading, optimizer, precision, qat, sharding, trainable
 
 
 def _batches(accelerator, loader: Iterable, position: resume.DataPosition) -> Iterator[dict]:
@@ -113,16 +90,11 @@ class _Run:
     peak_source: str
     state: LoopState = dataclasses.field(default_factory=LoopState)
     wall_start: float = dataclasses.field(default_factory=time.perf_counter)
-    model: Any = None
-    """The prepared model: evaluation, saving and the result use it (the loop may train a compiled wrapper)."""
+    model: Any = None  # the prepared model: evaluation, saving, the result (the loop may train a compiled one)
     optimizer: Any = None
     warnings: tuple[str, ...] = ()
-    started: list[Sink] = dataclasses.field(default_factory=list)
-    status: str = "ok"
-    message: str = ""
-    eval_loss: float | None = None
-    accuracy: float | None = None
-    result: RunResult | None = None
+    started: list[Sink] = dataclasses.field(default_factory=list)  # the sinks that heard the start
+    status, message, eval_loss, accuracy, result = "ok", "", None, None, None
 
     @classmethod
     def begin(cls, cfg: RunConfig, name: str, sinks: list[Sink]) -> _Run:

@@ -1,9 +1,5 @@
-"""Gradient accumulation (`RunConfig.grad_accum_steps`): a loop switch.
-
-accelerate runs it: inside `accelerator.accumulate(model)` the loop's `backward()` divides the
-loss by the steps and `optimizer.step()` acts (and DDP all-reduces) only on a window's last
-micro-batch. Here: what the Accelerator is given, and what the estimate replays.
-"""
+"""Gradient accumulation (`grad_accum_steps`), a loop switch: accelerate runs it (the loop's
+`accelerator.accumulate(model)`); here what the Accelerator is given and the estimate replays."""
 
 from __future__ import annotations
 

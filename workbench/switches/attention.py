@@ -1,10 +1,5 @@
-"""Fused attention (`RunConfig.attention`): a converter switch.
-
-'sdpa' makes the GPT call `F.scaled_dot_product_attention` (a fused kernel that keeps no s x s
-matrix) instead of its explicit matmul, mask, softmax, matmul; the registry of names is
-`core.models.ATTENTIONS`, the switch in the model `models.set_attention`. The estimate replays
-the GPT the same way (the attention rides in the replay's dims).
-"""
+"""Fused attention (`attention`), a converter switch: 'sdpa' makes the GPT call
+`F.scaled_dot_product_attention` (keeps no s x s matrix). Names: `core.models.ATTENTIONS`."""
 
 from __future__ import annotations
 
@@ -29,5 +24,5 @@ def apply(model: nn.Module, cfg: Any) -> nn.Module:
 
 
 def replay_dims(cfg: Any) -> dict[str, Any]:
-    """What the estimate's replayed GPT is built with besides its sizes."""
+    """What the estimate's replayed GPT is built with besides its sizes (fakestate.build)."""
     return {"attention": cfg.attention}

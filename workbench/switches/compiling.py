@@ -1,10 +1,6 @@
-"""torch.compile and TF32 (`RunConfig.compile`, `tf32`): loop switches.
-
-`compile_model` wraps the prepared model the loop trains (evaluation and the result keep the
-plain one, which shares its parameters); `tf32_matmuls` lets CUDA's fp32 matmuls use TF32
-tensor cores for the training loop only and restores what was set before. Neither changes
-what the estimate counts (the same ops, the same bytes).
-"""
+"""torch.compile and TF32 (`compile`, `tf32`), loop switches: `compile_model` wraps the module the
+loop trains (evaluation and the result keep the plain one, same parameters); `tf32_matmuls` lets
+CUDA fp32 matmuls use TF32 during training only. Neither changes what the estimate counts."""
 
 from __future__ import annotations
 
@@ -20,14 +16,8 @@ from torch import nn
 from workbench.core import hardware
 from workbench.core.errors import ConfigError
 
-# The registry: torch.compile's modes, and 'none' (eager).
-COMPILE_MODES: dict[str, str] = {
-    "none": "eager",
-    "default": "inductor",
-    "reduce-overhead": "inductor and CUDA graphs (on a CPU the same as 'default')",
-    "max-autotune": "inductor, benchmarking kernel variants while compiling",
-    "max-autotune-no-cudagraphs": "the same without CUDA graphs",
-}
+# The registry: torch.compile's modes (RunConfig.compile's docstring says what each does), 'none': eager.
+COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 def check(r: dict[str, Any]) -> None:

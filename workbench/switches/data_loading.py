@@ -1,9 +1,6 @@
-"""The input pipeline (`num_workers`, `pin_memory`, `prefetch_factor`, `persistent_workers`): a loop switch.
-
-The loader is torch's DataLoader, made seeded by `core.data.build_dataloader`; the loop fetches
-from it and times the wait (engine/train.py). Here: the checks, the loader's knobs, and what the
-Accelerator is given. The estimate holds the loader's next batch on a CPU (planner.fakestep).
-"""
+"""The input pipeline (`num_workers`, `pin_memory`, `prefetch_factor`, `persistent_workers`), a
+loop switch: the seeded DataLoader and what the Accelerator is given. The loop times the fetch;
+the estimate holds the loader's next batch on a CPU (planner.fakestep)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""The optimizer (`optimizer`, `optimizer_impl`, `lr`, `weight_decay`, `max_grad_norm`): a converter switch.
-
-The registries are `core/optim.py` (OPTIMIZERS, IMPLEMENTATIONS) and so is the builder every
-caller shares (`make_optimizer`: run(), the estimate's model state, probes). Here: the checks,
-and what `run()` calls. The estimate makes the same optimizer on fake tensors and keys its model
-state on (optimizer, weight_decay, clipping) (planner.fakestate).
-"""
+"""The optimizer (`optimizer`, `optimizer_impl`, `lr`, `weight_decay`, `max_grad_norm`), a converter
+switch. The registries and the builder every caller shares (run(), the estimate's fake model state,
+probes) are `core/optim.py`'s: OPTIMIZERS, IMPLEMENTATIONS, `make_optimizer`."""
 
 from __future__ import annotations
 

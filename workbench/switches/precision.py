@@ -1,11 +1,7 @@
-"""Mixed precision (`RunConfig.precision`, `grad_scaler`): the precision switch.
-
-The names and dtypes are the registry `core/precisions.py` (PRECISIONS, DTYPES, ...). Here is
-what the switch does: its checks, and what it asks of the Accelerator. accelerate itself wraps
-the model's forward in autocast at `prepare()` and scales fp16's loss in `backward()`; the loop
-logs the GradScaler's scale (`loss_scale`) and lets fp16 skip a non-finite step. The estimate
-replays the forward under the same autocast (`core.precisions.AUTOCAST_DTYPES`).
-"""
+"""Mixed precision (`precision`, `grad_scaler`), the precision switch. Names and dtypes: the
+registry `core/precisions.py`. accelerate wraps forward in autocast at `prepare()` and scales
+fp16's loss in `backward()`; the loop logs the scale and lets fp16 skip a non-finite step; the
+estimate replays the forward under the same autocast (AUTOCAST_DTYPES)."""
 
 from __future__ import annotations
 
@@ -60,8 +56,7 @@ def check(r: dict[str, Any]) -> None:
 
 
 def accelerator_kwargs(cfg: Any) -> dict[str, Any]:
-    """The Accelerator's keywords for this precision: accelerate's name for it, and fp16's
-    GradScaler knobs (GradScalerKwargs)."""
+    """accelerate's name for the precision, and fp16's GradScaler knobs."""
     return {"mixed_precision": ACCELERATE_NAMES[cfg.precision], "kwargs_handlers": kwargs_handlers(cfg.precision, cfg.grad_scaler)}
 
 

@@ -1,10 +1,6 @@
-"""Quantization-aware training (`RunConfig.qat`): a converter switch.
-
-`RunConfig(qat="int4")` makes every Linear layer fake-quantize in forward (int8 activations,
-`bits`-bit per-channel weights), so training sees the rounding it will suffer and learns
-around it. Converting the trained model to real low-bit weights is the technique's
-(`workbench.lessons.quantization.convert_qat`). The estimate replays the plain model.
-"""
+"""Quantization-aware training (`qat`), a converter switch: `qat="int4"` makes every Linear layer
+fake-quantize in forward (int8 activations, 4-bit per-channel weights), so training learns around
+the rounding (`lessons.quantization.convert_qat` converts after). The estimate replays the plain model."""
 
 from __future__ import annotations
 
@@ -14,12 +10,7 @@ from typing import Any
 from torch import nn
 
 from workbench.core.errors import ConfigError
-from workbench.core.torchao_support import (
-    import_torchao,
-    intx_config,
-    quiet_torchao_logs,
-    require_linear,
-)
+from workbench.core.torchao_support import import_torchao, intx_config, quiet_torchao_logs, require_linear
 
 # The registry: the schemes RunConfig accepts ('intN': N-bit weights, int8 activations).
 SCHEMES: dict[str, int | None] = {"none": None, "int8": 8, "int4": 4, "int3": 3, "int2": 2}

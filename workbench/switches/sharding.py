@@ -30,9 +30,8 @@ from torch import nn
 
 from workbench.core.errors import ConfigError
 
-# The registry: 'none' (each process holds the whole model state) or 'full' (ZeRO stage 3).
-CHOICES: dict[str, str] = {"none": "data parallel: every process holds the whole state",
-                           "full": "parameters, gradients and optimizer state split across the processes"}
+CHOICES = ("none", "full")
+"""The registry: 'none' (data parallel: every process holds the whole state) or 'full' (ZeRO stage 3)."""
 
 
 def check(r: dict[str, Any]) -> None:
@@ -93,12 +92,6 @@ def shard_model(model: nn.Module) -> nn.Module:
         fully_shard(block)
     fully_shard(model)
     return model
-
-
-def is_sharded(model: nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
 
 
 @contextlib.contextmanager

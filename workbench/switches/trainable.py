@@ -1,10 +1,6 @@
-"""Training fewer parameters (`freeze`, `freeze_layers`, `lora_*`): a converter switch.
-
-A frozen parameter gets no gradient and no optimizer state; LoRA freezes every pretrained
-weight and adds small adapters (peft). The parts and the adapters are built by
-`core/trainable.py` (its registries FREEZE_CHOICES and LORA_TARGETS name the choices); here
-are the checks, what `run()` does, and what the estimate's model state is keyed on.
-"""
+"""Training fewer parameters (`freeze`, `freeze_layers`, `lora_*`), a converter switch: frozen
+parameters get no gradient and no optimizer state; LoRA adds small adapters (peft). The parts and
+adapters, and the registries FREEZE_CHOICES and LORA_TARGETS, are `core/trainable.py`'s."""
 
 from __future__ import annotations
 
