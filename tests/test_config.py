@@ -165,5 +165,5 @@ def test_the_named_choices_are_read_off_the_annotations_and_the_registries():
     assert field_choices("optimizer") == tuple(OPTIMIZERS)
     assert field_choices("precision") == PRECISIONS
     assert field_choices("preset") == tuple(PRESETS)
-    assert field_choices("activation_checkpointing") == ("none", "all", "every_other")
+    assert field_choices("activation_checkpointing") == ("none", "all", "every_other", "selective")
     assert field_choices("batch_size") == ()

@@ -13,20 +13,55 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from typing import Any
 
+import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from workbench.core.errors import ConfigError
 from workbench.core.models import GPT, MODEL_SPECS, PretrainedClassifier
+from workbench.core.saved import note_saved
 
 # The registry: the names RunConfig accepts (its Literal type and the CLI's choices read them).
 CHOICES: dict[str, str] = {
     "none": "every block keeps what its ops save",
     "all": "every block keeps its input only and recomputes the rest in backward",
     "every_other": "blocks 0, 2, 4, ... keep their input only; the others keep everything",
+    "selective": "every block keeps its input and its matmuls' outputs; the rest is recomputed in backward",
 }
+
+# 'selective': the ops whose outputs a checkpointed block keeps (the costly ones to recompute).
+MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
+           torch.ops.aten.baddbmm.default}
+
+
+def _keep_matmuls(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if op in MATMULS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+class _NoteMatmuls(TorchDispatchMode):
+    """Reports the matmul outputs selective checkpointing keeps (in its own cache, where
+    autograd's saved-tensor hooks do not see them) to an active SavedActivationCounter."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func in MATMULS:
+            note_saved(out)
+        return out
+
+
+def _selective_contexts() -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
+    """checkpoint()'s context_fn: torch's selective-checkpoint contexts for the policy, the
+    forward's under the reporter (entered first, so the cache sees each output it reports)."""
+    forward, recompute = create_selective_checkpoint_contexts(_keep_matmuls)
+    both = contextlib.ExitStack()
+    both.enter_context(_NoteMatmuls())
+    both.enter_context(forward)
+    return both, recompute
 
 
 def check(r: dict[str, Any]) -> None:
@@ -51,6 +86,8 @@ def set_activation_checkpointing(model: nn.Module, blocks: str | Iterable[int]) 
     "every_other"). "none" is accepted by every model, so a loop may always call this. Returns the model.
     """
     options: dict[str, Any] = {}
+    if blocks == "selective":  # every block, through torch's policy-based checkpoint
+        blocks, options = "all", {"context_fn": _selective_contexts}
     if isinstance(model, GPT):
         n = len(model.blocks)
         if blocks == "none":
