@@ -14,12 +14,11 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16")
-Precision = Literal[PRECISIONS]
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 # accelerate's `mixed_precision` values (its PrecisionType): fp32 is "no" mixed precision.
 ACCELERATE_NAMES: dict[str, str] = {"fp32": "no", "fp16": "fp16", "bf16": "bf16"}

@@ -94,7 +94,7 @@ class _Run:
     optimizer: Any = None
     warnings: tuple[str, ...] = ()
     started: list[Sink] = dataclasses.field(default_factory=list)  # the sinks that heard the start
-    status, message, eval_loss, accuracy, result = "ok", "", None, None, None
+    status, message, eval_loss, accuracy, result = "ok", "", None, None, None  # how it ended: set by _ending
 
     @classmethod
     def begin(cls, cfg: RunConfig, name: str, sinks: list[Sink]) -> _Run:
