@@ -98,7 +98,8 @@ class RunConfig:
     grad_accum_steps: int = 1
     """Micro-batches whose gradients add up before each optimizer step."""
     activation_checkpointing: Checkpointing | bool = "none"
-    """'none', 'all' or 'every_other' block (gpt, minilm); True means 'all'."""
+    """Which blocks (gpt, minilm) recompute their activations in backward; what each choice keeps:
+    switches.checkpointing.CHOICES ('selective': the matmuls' outputs). True means 'all'."""
     max_grad_norm: float | None = None
     """Clip the gradient norm to this before each optimizer step; None: no clipping."""
     qat: QATScheme = "none"
