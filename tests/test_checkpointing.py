@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from workbench import RunConfig
-from workbench.core.models import loss_fn, set_activation_checkpointing
+from workbench.core.models import loss_fn
+from workbench.switches.checkpointing import set_activation_checkpointing
 from workbench.measure.counters import (
     SavedActivationCounter,
     gpt_activation_bytes_formula,
@@ -53,6 +54,28 @@ def test_checkpoint_sequential_forward_keeps_one_input_per_segment_and_the_same_
     assert all(torch.equal(g, r) for g, r in zip(gradients(model), reference))
     with pytest.raises(TypeError, match="workbench GPT"):
         checkpoint_sequential_forward(torch.nn.Linear(2, 2), x, 2)
+
+
+def test_selective_checkpointing_keeps_each_blocks_matmul_outputs_and_recomputes_no_matmul(probe):
+    model = probe.new_model()
+    x, y = probe.inputs, probe.labels
+    saved, flops, grads = {}, {}, {}
+    for setting in ("none", "all", "selective"):
+        set_activation_checkpointing(model, setting)
+        with SavedActivationCounter(model) as counter:
+            logits = model(x)
+        saved[setting] = counter.bytes
+        model.zero_grad(set_to_none=True)
+        flops[setting] = count_flops(lambda: loss_fn(model(x), y).backward())
+        grads[setting] = gradients(model)
+    # Per block, fp32: c_attn (B, S, 3H), q @ k^T (B, A, S, S), att @ v, c_proj and the MLP's
+    # second Linear (B, S, H) each, the MLP's first (B, S, 4H): kept beside 'all''s block inputs.
+    matmul_outputs = 4 * (B * S * (3 * H + H + H + 4 * H + H) + B * A * S * S)
+    assert saved["selective"] == saved["all"] + 4 * matmul_outputs  # 4 blocks
+    assert saved["all"] < saved["selective"] < saved["none"]
+    assert flops["selective"] == flops["none"] < flops["all"]  # no matmul runs twice
+    assert all(torch.equal(g, r) for g, r in zip(grads["selective"], grads["none"]))
+    del logits
 
 
 def test_the_dial_measures_bytes_flops_time_and_peak_with_equal_gradients(probe):

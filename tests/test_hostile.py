@@ -613,7 +613,7 @@ def test_plan_refuses_batches_and_choices_that_make_no_plan(target, kwargs, mess
 def test_plan_refuses_unknown_checkpointing(target):
     with pytest.raises(ValueError) as info:
         plan(RunConfig(model="gpt"), target=target, effective_batch=8, checkpointing=["bogus"])
-    assert str(info.value) == "checkpointing ['bogus'] is not known; use some of 'none', 'every_other', 'all'"
+    assert str(info.value) == "checkpointing ['bogus'] is not known; use some of 'none', 'all', 'every_other', 'selective'"
 
 
 def test_a_batch_search_reads_a_refused_try_as_out_of_memory_and_shrinks():

@@ -15,7 +15,8 @@ from workbench.core import hardware
 from workbench.core.config import ConfigError, RunConfig, field_choices
 from workbench.core.models import GPT, MLP, loss_fn, set_attention
 from workbench.core.optim import IMPLEMENTATIONS, implementation_problem, make_optimizer
-from workbench.engine.speedups import LoopPhases, compile_model, tf32_matmuls
+from workbench.engine.speedups import LoopPhases
+from workbench.switches.compiling import compile_model, tf32_matmuls
 from workbench.engine.train import run
 from workbench.measure.counters import (
     SavedActivationCounter,

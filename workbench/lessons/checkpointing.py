@@ -1,6 +1,6 @@
 """Notebook 03, activation checkpointing: the measurements and checks its cells call.
 
-The switch itself is `models.set_activation_checkpointing(model, blocks)` (RunConfig's field).
+The switch itself is `switches.checkpointing.set_activation_checkpointing(model, blocks)` (RunConfig's field).
 - `checkpointing_dial(model, inputs, labels, settings)`: settings measured in one call on one
   model and batch: exact saved bytes and FLOPs, the step's peak, time per step (medians of
   interleaved rounds, so a noisy machine hits every setting alike), gradient differences;
@@ -25,7 +25,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint_sequential
 from torch.utils.checkpoint import checkpoint
 from workbench.core.config import RunConfig
-from workbench.core.models import GPT, loss_fn, set_activation_checkpointing, unavailable_reason
+from workbench.core.models import GPT, loss_fn, unavailable_reason
+from workbench.switches.checkpointing import set_activation_checkpointing
 from workbench.core.report import Results, format_bytes
 from workbench.core.saved import note_saved
 from workbench.measure.contention import CoreShare, core_share

@@ -29,7 +29,8 @@ from workbench.core.precisions import DTYPES
 from workbench.core.presets import get_preset
 from workbench.core.report import format_bytes as wb_bytes
 from workbench.core.report import html_table, text_table
-from workbench.engine.accelerator import enable_fp16_on_cpu, reset_accelerate_state
+from workbench.engine.accelerator import reset_accelerate_state
+from workbench.switches.precision import enable_fp16_on_cpu
 from workbench.measure.counters import gpt_activation_bytes_formula
 from workbench.views.figures_precision import bit_layout_figure
 

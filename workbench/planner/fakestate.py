@@ -26,8 +26,9 @@ from torch import nn
 from workbench.planner.fakecuda import device_bytes
 from workbench.planner.fakemodel import ModuleKey, fake_copy, fake_mode
 from workbench.measure.live import CUDA_BLOCK_BYTES, LiveTensors
+from workbench.switches.trainable import ALL_TRAIN, FIELDS
 
-__all__ = ["ALL_TRAIN", "TRAINABLE_FIELDS", "ModelState", "build", "model_state"]
+__all__ = ["ModelState", "build", "model_state"]
 
 
 def build(model_name: str | ModuleKey, spec_key: tuple, dims: tuple) -> nn.Module:
@@ -73,18 +74,13 @@ class ModelState(NamedTuple):
     """Parameters that train (freezing and LoRA leave the rest without gradient and state)."""
 
 
-# RunConfig fields that choose what trains (notebook 09), in this order in model_state's key.
-TRAINABLE_FIELDS = ("freeze", "freeze_layers", "lora_rank", "lora_targets", "lora_alpha")
-ALL_TRAIN = ("none", 0, 0, "attention", None)
-
-
 @functools.lru_cache(maxsize=64)
 def model_state(model_name: str, spec_key: tuple, dims: tuple, optimizer: str, weight_decay: float,
                 clip: bool, device: str, trainable: tuple = ALL_TRAIN, shard: tuple[int, int] = (1, 0)) -> ModelState:
     """Parameter, buffer, gradient and optimizer-state bytes of the full model, and its
     optimizer step's temporaries in steady state (the second step: the state exists).
 
-    `trainable`: the TRAINABLE_FIELDS values (freezing, LoRA) applied; `shard` = (processes,
+    `trainable`: the values of switches.trainable.FIELDS (freezing, LoRA) applied; `shard` = (processes,
     rank): the bytes that rank holds when the model state is sharded (sharding='full')."""
     from torch._subclasses.fake_tensor import DataDependentOutputException
 
@@ -100,7 +96,7 @@ def model_state(model_name: str, spec_key: tuple, dims: tuple, optimizer: str, w
     )
     from workbench.measure.flops import FlopCounter
 
-    choice = SimpleNamespace(**dict(zip(TRAINABLE_FIELDS, trainable)))
+    choice = SimpleNamespace(**dict(zip(FIELDS, trainable)))
     if optimizer == "adamw8bit":
         # Its 256-entry lookup tables are built from Python lists, which fake tensors cannot
         # be: build them (torchao caches them) before entering the fake mode.
