@@ -108,7 +108,7 @@ def time_datasets(files: ImageFiles, *, num_procs: Sequence[int] = (1, 2), epoch
     return seconds
 
 # Samples the loader-only timings read, per preset: enough for steady epochs, CI-sized.
-BENCH_SAMPLES = {"cpu-quick": 512, "cpu": 4000, "gpu": 4000}
+BENCH_SAMPLES = {"cpu-quick": 512, "cpu": 2000, "gpu": 4000}
 
 
 def usable_cores() -> int:
