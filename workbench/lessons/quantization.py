@@ -503,7 +503,8 @@ def claims_rows(fp32: QuantResult, dynamic: QuantResult, static: QuantResult, pt
         worst = max(loss_tao, loss_ao)
         rows.append(("dynamic INT8 costs ~1-2% accuracy", seed,
                      f"MiniLM, {minilm[0].samples} reviews: torchao {-loss_tao:+.1f} points, torch.ao {-loss_ao:+.1f}",
-                     ("holds" if worst <= 2 else "does not hold here") + ("" if trained else ": capped run, untrained")))
+                     ("holds" if worst <= 2 else "does not hold here") if trained
+                     else "not shown here: a capped run, too short to train the model"))
     static_change = static.accuracy_change(fp32) * 100
     rows.append(("static INT8 with calibrated activation ranges keeps accuracy", "Krishnamoorthi 2018",
                  f"MLP, pt2e: {static_change:+.1f} points; {fp32.latency_s / static.latency_s:.2f}x fp32's speed "
