@@ -26,6 +26,7 @@ from torch.utils.checkpoint import checkpoint_sequential
 from torch.utils.checkpoint import checkpoint
 from workbench.core.config import RunConfig
 from workbench.core.models import GPT, loss_fn, unavailable_reason
+from workbench.switches.checkpointing import noting_matmuls as count_kept_matmuls  # noqa: F401  (03's selective cell)
 from workbench.switches.checkpointing import set_activation_checkpointing
 from workbench.core.report import Results, format_bytes
 from workbench.core.saved import note_saved

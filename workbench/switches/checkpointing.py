@@ -14,7 +14,8 @@ Example:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -54,14 +55,21 @@ class _NoteMatmuls(TorchDispatchMode):
         return out
 
 
-def _selective_contexts() -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
-    """checkpoint()'s context_fn: torch's selective-checkpoint contexts for the policy, the
-    forward's under the reporter (entered first, so the cache sees each output it reports)."""
-    forward, recompute = create_selective_checkpoint_contexts(_keep_matmuls)
-    both = contextlib.ExitStack()
-    both.enter_context(_NoteMatmuls())
-    both.enter_context(forward)
-    return both, recompute
+def noting_matmuls(context_fn: Callable[[], tuple[Any, Any]]) -> Callable[[], tuple[Any, Any]]:
+    """A selective checkpoint's `context_fn`, its forward run under the reporter (entered first,
+    so the cache sees each output it reports): an active SavedActivationCounter then counts
+    the matmul outputs the policy keeps. For a policy written by hand too (notebook 03)."""
+    def contexts() -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
+        forward, recompute = context_fn()
+        both = contextlib.ExitStack()
+        both.enter_context(_NoteMatmuls())
+        both.enter_context(forward)
+        return both, recompute
+    return contexts
+
+
+# checkpoint()'s context_fn for 'selective': torch's selective-checkpoint contexts for the policy.
+_selective_contexts = noting_matmuls(functools.partial(create_selective_checkpoint_contexts, _keep_matmuls))
 
 
 def check(r: dict[str, Any]) -> None:
