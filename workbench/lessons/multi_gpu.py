@@ -1,26 +1,16 @@
-"""Notebook 06: accelerate's `notebook_launcher` with what a busy machine needs, and the checks
-its cells call.
+"""Notebook 06: accelerate's `notebook_launcher` as a busy machine needs it, and the checks its cells call.
 
-`notebook_launcher(fn, args, num_processes)` forks the notebook's process and returns nothing.
-`launch_attempts()` yields tries of a launch the notebook writes itself: each carries a queue the
-children report on (`attempt.reporting(fn)`), a free port, and a bound on a hang. The hang is
-real: on the 2-core CI machine under load, a forked child sat for 14 minutes in glibc's resolver
-lock (`getnameinfo`, reached from torch's TCPStore connect), which another thread of the parent
-held at the instant of the fork. A fork copies the lock, never its release. So after `timeout_s`
-the children are stopped and the launch is tried again. `notebook_launch(fn, *args)` is that
-loop in one call.
-
-Example:
-    >>> from accelerate import notebook_launcher                                       # doctest: +SKIP
-    >>> for attempt in launch_attempts(timeout_s=30):                                  # doctest: +SKIP
-    ...     with attempt:
-    ...         notebook_launcher(attempt.reporting(world), num_processes=2, use_port=attempt.port)
-    >>> attempt.collect(2)                                                             # doctest: +SKIP
-    [2, 2]
+`notebook_launcher(fn, args, num_processes)` forks this process and returns nothing.
+`launch_attempts()` yields tries of a launch the notebook writes itself, each with a queue the
+children report on (`attempt.reporting(fn)`), a free port and a bound on a hang. The hang is real:
+on the 2-core CI machine under load a forked child sat 14 minutes in glibc's resolver lock (reached
+from torch's TCPStore connect), held by another thread of the parent at the instant of the fork: a
+fork copies the lock, never its release. `notebook_launch(fn, *args)` is that loop in one call.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -38,17 +28,14 @@ class LaunchHung(RuntimeError):
 
 def _children() -> set[int]:
     import psutil
-
     return {p.pid for p in psutil.Process().children(recursive=True)}
 
 
 def _stop_children(keep: set[int]) -> None:
     """Kill this process's children started since `keep` was read (the launch's, not older ones)."""
     for pid in _children() - keep:
-        try:
+        with contextlib.suppress(ProcessLookupError):  # it ended by itself meanwhile
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 class Attempt:
@@ -57,28 +44,24 @@ class Attempt:
 
     def __init__(self, timeout_s: float, num_processes: int) -> None:
         from workbench.engine.launch import free_port
-
         self.timeout_s, self.hung = timeout_s, False
         self.returns = multiprocessing.get_context("fork").SimpleQueue()  # shared with the forked children
         self.port = str(free_port())  # not accelerate's default 29500: other jobs here may hold it
         self._threads = max(1, (os.cpu_count() or 1) // num_processes)
 
-    def reporting(self, fn: Callable[..., Any]) -> Callable[..., None]:
-        """`fn` as a child runs it: its return value put on this attempt's queue."""
+    def reporting(self, fn: Callable[..., Any]) -> Callable[..., None]:  # fn, its return value put on the queue
         def child(*args: Any) -> None:
             self.returns.put(fn(*args))
         return child
 
-    def collect(self, num_processes: int) -> list[Any]:
-        """What each child returned, in the order they finished."""
+    def collect(self, num_processes: int) -> list[Any]:  # what each child returned, in the order they finished
         return [self.returns.get() for _ in range(num_processes)]
 
     def __enter__(self) -> Attempt:
         from accelerate.utils import patch_environment
 
-        fired, older = threading.Event(), _children()
-        self._fired = fired
-        self._timer = threading.Timer(self.timeout_s, lambda: (fired.set(), _stop_children(older)))
+        self._fired, older = threading.Event(), _children()
+        self._timer = threading.Timer(self.timeout_s, lambda: (self._fired.set(), _stop_children(older)))
         self._timer.daemon = True
         self._timer.start()
         # Each CPU child's thread count, said up front: left unset, accelerate's PartialState in
@@ -125,35 +108,27 @@ def notebook_launch(fn: Callable[..., Any], *args: Any, num_processes: int = 2, 
 
 
 def check_worlds(worlds: dict[bool, list[tuple[int, int]]], num_processes: int = 2) -> None:
-    """Trap 1's two launches: Accelerator() alone on a CPU makes worlds of one, cpu=True one world."""
-    one_world = [(rank, num_processes) for rank in range(num_processes)]
-    if worlds.get(True) != one_world:
-        raise AssertionError(f"Accelerator(cpu=True): expected one world {one_world}, got {worlds.get(True)}")
-    if False in worlds and worlds[False] != [(0, 1)] * num_processes:
-        raise AssertionError(f"plain Accelerator() on a CPU: expected separate worlds of one, got {worlds[False]}")
-    print("plain Accelerator() on CPU: separate worlds of one, silently; Accelerator(cpu=True): one world of "
-          f"{num_processes}")
+    """Trap 1's launches: Accelerator() alone on a CPU makes worlds of one, cpu=True one world."""
+    expected = {True: [(rank, num_processes) for rank in range(num_processes)], False: [(0, 1)] * num_processes}
+    if any(worlds[cpu] != expected[cpu] for cpu in worlds):
+        raise AssertionError(f"(rank, world size) per process: expected {expected}, got {worlds}")
+    print(f"plain Accelerator() on CPU: separate worlds of one; Accelerator(cpu=True): one world of {num_processes}")
 
 
 def same_curve(a: Any, b: Any, *, rtol: float = 0.01) -> str:
     """'within 1%' when every logged loss of run `a` is within `rtol` of `b`'s, else 'more than 1%'."""
     if a.loss_steps != b.loss_steps:
         raise ValueError(f"the runs logged at other steps: {a.loss_steps} and {b.loss_steps}")
-    gap = max(abs(x - y) / abs(y) for x, y in zip(a.losses, b.losses))
-    return f"within {rtol:.0%}" if gap <= rtol else f"more than {rtol:.0%}"
+    close = all(abs(x - y) <= rtol * abs(y) for x, y in zip(a.losses, b.losses))
+    return f"{'within' if close else 'more than'} {rtol:.0%}"
 
 
 def check_same_curve(one: Any, two: Any, *, rtol: float = 0.01) -> None:
-    """1 process x 2b against 2 processes x b: same logged steps, losses within `rtol`, held-out
-    accuracy within 0.01, model state per process the same."""
-    if two.status != "ok" or two.num_processes < 2:
-        raise AssertionError(f"the launched run: status {two.status}, {two.num_processes} process(es)")
-    if same_curve(two, one, rtol=rtol) != f"within {rtol:.0%}":
-        raise AssertionError(f"the loss curves are more than {rtol:.0%} apart: {one.losses} vs {two.losses}")
-    if abs(two.accuracy - one.accuracy) > 0.01:
-        raise AssertionError(f"held-out accuracy {one.accuracy:.3f} vs {two.accuracy:.3f}")
-    if two.memory.model_state_bytes != one.memory.model_state_bytes:
-        raise AssertionError("each process should hold the whole model state")
+    """1 process x 2b against 2 processes x b: the same curve within `rtol`, held-out accuracy
+    within 0.01, the whole model state in every process."""
+    if (two.status, same_curve(two, one, rtol=rtol)) != ("ok", f"within {rtol:.0%}") \
+            or abs(two.accuracy - one.accuracy) > 0.01 or two.memory.model_state_bytes != one.memory.model_state_bytes:
+        raise AssertionError(f"1 process: {one.losses}, accuracy {one.accuracy}; {two.num_processes} processes "
+                             f"({two.status}): {two.losses}, accuracy {two.accuracy}")
     print(f"{len(one.losses)} logged losses: 1 process x {one.config.batch_size} = {two.num_processes} processes x "
-          f"{two.config.batch_size} within {rtol:.0%}; model state per process {one.memory.model_state_bytes:,} "
-          "bytes either way")
+          f"{two.config.batch_size} within {rtol:.0%}; model state {one.memory.model_state_bytes:,} bytes in each")

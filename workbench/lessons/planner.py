@@ -1,11 +1,14 @@
-"""Check a plan against real runs: the largest micro-batch, predicted and searched, and a
-plan's predicted memory and FLOPs next to what its run measured.
+"""Notebook 07's checks of a plan against real runs.
 
 - `max_micro_batch(config, target)`: the largest micro-batch the estimate says fits;
 - `search_micro_batch(config, start)`: the largest that runs, found by accelerate's
   `find_executable_batch_size` with real one-step runs (real OOMs on a GPU; on a CPU the
   simulated budget `RunConfig.memory_budget_bytes`, checked on the run's exact counts);
-- `verify(plan)`: run the plan and lay the prediction next to the measurement.
+- `Verification(plan, result, peak)`: the prediction next to what the run measured;
+- `check_peak(config)`: the predicted peak against a real step's (`measure_step_peak`): on a GPU
+  the CUDA allocator's (`max_memory_allocated`, reset at every step), on a CPU, which has no
+  allocator counter, the peak of live tensors. From the second step on (the first creates the
+  optimizer state); the data set is loaded before tracking starts (host memory, not a step's).
 
 Example:
     >>> target = Target.this_machine(memory_budget_bytes=16 * 2**20)            # doctest: +SKIP
@@ -13,22 +16,6 @@ Example:
     >>> predicted = max_micro_batch(cfg, target=target)                          # doctest: +SKIP
     >>> search_micro_batch(cfg, start=predicted + 1, reduce=lambda b: b - 1)     # doctest: +SKIP
     (7, [(8, 'oom'), (7, 'ok')])
-
-The predicted peak of a step against the peak of a real one, on this device.
-
-`measure_step_peak(config)` runs `run()` for a few optimizer steps and reads the peak of
-each one: on a GPU the CUDA allocator's (`max_memory_allocated`, reset at every step) and
-the peak of live tensors (`measure.live.LiveTensors`); on a CPU, which has no allocator
-counter, the live tensors only. `check_peak(config)` lays it next to `estimate()`.
-
-The steady state is what a plan must fit: from the second step on, when the optimizer
-state exists (the first step creates it, and is counted, not timed). The data set is
-loaded before tracking starts: it is host memory the estimate does not model, not part
-of a step.
-
-Example:
-    >>> check = check_peak(RunConfig(model="gpt", preset="cpu-quick"))   # doctest: +SKIP
-    >>> check.predicted_bytes, check.measured_bytes                     # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -50,7 +37,7 @@ from workbench.measure.live import CUDA_BLOCK_BYTES, LiveTensors
 from workbench.measure.records import RunEnd, RunStart, StepRecord
 
 
-__all__ = ["max_micro_batch", "search_micro_batch", "Verification", "verify", "accelerate_estimate", "explain",
+__all__ = ["max_micro_batch", "search_micro_batch", "Verification", "accelerate_estimate", "explain",
            "precisions_here", "check_fits", "forecast_verdict"]
 
 
@@ -206,16 +193,6 @@ def forecast_verdict(forecast: float, measured: float) -> str:
         return (f"holds in part: {said}; the direction holds, the size does not (the forecast times one "
                 "micro-batch's kernels, best of two; the run pays the loop, data, logging and a busy machine)")
     return f"does not hold here: {said}; the run went the other way"
-
-
-def verify(chosen: Plan, *, name: str | None = None, **run_kwargs: Any) -> Verification:
-    """Run the plan's config with `run()` (shown live unless `sinks=` says otherwise) and pair
-    the result with the prediction."""
-    from workbench.engine.train import run
-    from workbench.views.dashboard import default_sinks
-
-    run_kwargs.setdefault("sinks", default_sinks())
-    return Verification(chosen, run(chosen.config, name=name or chosen.label, **run_kwargs))
 
 
 __all__ += ["PeakCheck", "StepPeaks", "check_peak", "measure_step_peak"]
