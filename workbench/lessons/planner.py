@@ -155,13 +155,13 @@ class Verification(Report):
         return f"{self.plan.label}: run status {self.result.status}"
 
     def check(self) -> Verification:
-        """Raise unless the run ended ok and every exact count, the FLOPs and a measured peak
-        equal the prediction; return self (a table) when they do."""
-        if self.result.status != "ok":
-            raise AssertionError(f"the plan's run ended {self.result.status}: {self.result.message}")
-        off = [row for row in self.rows() if row[3] not in ("1.000", "n/a")]
-        if off:
-            raise AssertionError(f"measured / predicted is not 1.000 for {[row[0] for row in off]}")
+        """Raise unless the run ended ok, the exact counts and FLOPs equal the prediction and a
+        measured peak is within 1% of it (10% on a GPU: allocator rounding, library workspaces)."""
+        rows, bound = self.rows(), 0.10 if self.result.device == "cuda" else 0.01
+        off = [r[0] for r in rows[:6] if r[3] != "1.000"] + [r[0] for r in rows[6:] if r[3] != "n/a"
+                                                              and abs(float(r[3]) - 1) > bound]
+        if self.result.status != "ok" or off:
+            raise AssertionError(f"run {self.result.status}; measured / predicted off for {off}")
         return self
 
 
