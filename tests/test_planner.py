@@ -162,3 +162,22 @@ def test_notebook_07_sizes_gpt_neo_2_7b_by_its_real_shape_and_the_seeds_1_2b_mod
     est = estimate(cfg, vocab_size=50257, device="cuda")
     assert 1.2e9 < est.parameter_count < 1.35e9
     assert est.model_state_bytes < Target.gpu("A100 SXM4 40GB", **A100).usable_bytes  # its AdamW state fits
+
+
+def test_a_speed_forecast_is_judged_by_its_direction_first_then_its_size():
+    from workbench.lessons.planner import forecast_verdict
+
+    assert forecast_verdict(1.16, 0.88).startswith("does not hold here")  # 24% apart, but the other way
+    assert forecast_verdict(1.20, 1.15).startswith("holds: ")
+    assert forecast_verdict(3.85, 1.22).startswith("holds in part")
+
+
+def test_a_plan_by_hand_must_match_wb_plan_label_for_label(plans, capsys):
+    from workbench.lessons.planner import check_fits
+
+    by_hand = {p.label: p.fits for p in plans.plans}
+    check_fits(by_hand, plans)
+    assert "by hand and wb.plan agree" in capsys.readouterr().out
+    first = next(iter(by_hand))
+    with pytest.raises(AssertionError, match="differ"):
+        check_fits({**by_hand, first: not by_hand[first]}, plans)
