@@ -1,7 +1,7 @@
 # The two commands of the README. Both install what is missing first (scripts/setup.sh).
 PY := $(if $(VIRTUAL_ENV)$(CONDA_PREFIX),python,.venv/bin/python)
 
-.PHONY: learn lab test test-presets setup browser benchmark gpu-check preflight learner-copies run-all
+.PHONY: learn lab course-facts test test-presets setup browser benchmark gpu-check preflight learner-copies run-all
 
 setup:
 	@bash scripts/setup.sh lab,test,quantization
@@ -40,9 +40,16 @@ preflight: setup
 	OMP_NUM_THREADS=1 $(PY) -m workbench.preflight
 
 # Run All in a real JupyterLab (headless Chromium), notebook by notebook, as a learner does:
-# `make run-all PRESET=cpu` (default cpu-quick); screenshots and summary.json in test-artifacts/run-all/.
+# `make run-all PRESET=cpu` (default cpu-quick); screenshots and summary.json in test-artifacts/run-all/,
+# the times in benchmarks/results/lab-PRESET.json (README's and WORKSHOP's tables: `make course-facts`).
 run-all: setup browser
-	$(PY) scripts/lab_run_all.py --preset $(or $(PRESET),cpu-quick)
+	$(PY) scripts/lab_run_all.py --preset $(or $(PRESET),cpu-quick) --record benchmarks/results/lab-$(or $(PRESET),cpu-quick).json
+
+# README's times table, WORKSHOP's three-hour path and docs/SUMMARY.md, from benchmarks/results/,
+# the notebooks' words and their executed `claims` cells (stale ones fail tests/test_course_facts.py).
+course-facts:
+	$(PY) scripts/course_facts.py
+	$(PY) scripts/summary.py
 
 # The learners' copies (no outputs, no `solution` cells) in learners/: what a teacher hands out.
 # Refuses to replace a copy that exists: `make learner-copies LEARNER_COPIES_ARGS=--force`.
