@@ -17,9 +17,10 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 # A learner alone, one command: installs what is missing, makes the learner's copies of the
 # notebooks (no outputs, no answers) in learners/ where they are not there yet, and opens
 # JupyterLab on them. Copies that exist are kept: they hold the learner's answers.
+LEARNERS ?= learners
 learn: setup
-	$(PY) scripts/learner_copies.py --missing
-	$(PY) -m jupyter lab learners/ $(ALLOW_ROOT)
+	$(PY) scripts/learner_copies.py --missing --out $(LEARNERS)
+	$(PY) -m jupyter lab $(LEARNERS)/ $(ALLOW_ROOT)
 
 # The teacher's notebooks, outputs and solutions in.
 lab: setup

@@ -101,4 +101,4 @@ def test_a_broken_file_is_named_and_the_others_are_still_written(tmp_path, capsy
 def test_make_learner_copies_and_make_learn_name_this_script():
     makefile = (ROOT / "Makefile").read_text()
     assert "scripts/learner_copies.py $(LEARNER_COPIES_ARGS)" in makefile
-    assert "scripts/learner_copies.py --missing" in makefile
+    assert "scripts/learner_copies.py --missing --out $(LEARNERS)" in makefile
