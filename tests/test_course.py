@@ -67,15 +67,32 @@ def questions_answered(cells):
         "its `## Questions` section has no cell tagged `solution` (the answers)"
 
 
+HEADER_TIME = re.compile(r"Time:?\**:?\s*about\s+(\d+)\s*min", re.I)
+
+
+def _header_time(path):
+    """The header's "Time: about N minutes" is the learner estimate course_words.py computes,
+    the same figure README's and WORKSHOP's generated tables quote."""
+    first = next((c for c in _cells(path) if c["cell_type"] == "markdown"), None)
+    found = HEADER_TIME.search("".join(first["source"])) if first else None
+    minutes = course_words.words(path)["minutes"]
+    if found is None:
+        return f'its header has no "Time: about N minutes" (N = {minutes}, scripts/course_words.py)'
+    if int(found.group(1)) != minutes:
+        return f"its header says about {found.group(1)} minutes; scripts/course_words.py estimates {minutes}"
+    return None
+
+
 def _internal_imports(path):
     found = [f"cell {i}: {m.group(0).strip()}" for i, cell in enumerate(_cells(path)) if cell["cell_type"] == "code"
              for m in INTERNAL_IMPORT.finditer("".join(cell["source"]))]
     return "imports the library's insides: " + "; ".join(found) if found else None
 
 
-@pytest.mark.parametrize("check", [_core_words, _claims_cell, lambda p: questions_answered(_cells(p)), _internal_imports],
+@pytest.mark.parametrize("check", [_core_words, _claims_cell, lambda p: questions_answered(_cells(p)), _internal_imports,
+                                   _header_time],
                          ids=["core path at most 1,000 words", "a claims cell", "questions with answers",
-                              "no internal imports"])
+                              "no internal imports", "the header's learner time"])
 def test_every_notebook_has_the_course_shape(check):
     assert NOTEBOOKS, "no notebooks found"
     misses = _misses(check)
@@ -93,6 +110,12 @@ def test_questions_need_their_answers_in_the_section():
                                                    _md("1. Because.", tags=["solution"])])
     assert "no cell tagged" in questions_answered([_md("## Questions\n1. Why?")])
     assert questions_answered([_md("## Exercises")]) == "no `## Questions` section"
+
+
+def test_the_header_time_is_read_in_the_ways_it_is_written():
+    for text in ("**Time: about 21 minutes** (estimated", "*Time*: about 21 min", "Time: about 21 minutes"):
+        assert HEADER_TIME.search(text).group(1) == "21", text
+    assert HEADER_TIME.search("Time: 14 s (cpu-quick)") is None
 
 
 def test_the_import_rule_catches_every_spelling():
