@@ -29,6 +29,31 @@ def _tags(cell: dict) -> list:
     return cell.get("metadata", {}).get("tags", [])
 
 
+def _section(optional_level: int | None, line: str) -> int | None:
+    """The level of the "Optional" heading in force after `line` (None: the core path)."""
+    heading = HEADING.match(line)
+    if heading:
+        level = len(heading.group(1))
+        if optional_level is not None and level <= optional_level:
+            optional_level = None
+        if optional_level is None and heading.group(2).strip().lower().startswith("optional"):
+            optional_level = level
+    return optional_level
+
+
+def core_code_cells(notebook: pathlib.Path) -> list[str]:
+    """The sources of the code cells on the core path that a learner's copy keeps (no solutions)."""
+    found, optional_level = [], None
+    for cell in json.loads(notebook.read_text())["cells"]:
+        text = "".join(cell["source"])
+        if cell["cell_type"] == "markdown" and "solution" not in _tags(cell):
+            for line in text.splitlines():
+                optional_level = _section(optional_level, line)
+        elif cell["cell_type"] == "code" and optional_level is None and "solution" not in _tags(cell):
+            found.append(text)
+    return found
+
+
 def words(notebook: pathlib.Path) -> dict[str, int]:
     """One notebook's core path: {"core", "optional", "solution"} markdown words, and the
     learner's "code_cells" (core code cells, solutions excluded: the learners' copies drop
@@ -49,13 +74,7 @@ def words(notebook: pathlib.Path) -> dict[str, int]:
         if optional_level is None and text.lstrip().startswith("**Explain"):
             counts["exercises"] += 1
         for line in text.splitlines():
-            heading = HEADING.match(line)
-            if heading:
-                level = len(heading.group(1))
-                if optional_level is not None and level <= optional_level:
-                    optional_level = None
-                if optional_level is None and heading.group(2).strip().lower().startswith("optional"):
-                    optional_level = level
+            optional_level = _section(optional_level, line)
             counts["optional" if optional_level is not None else "core"] += len(line.split())
     counts["minutes"] = learner_minutes(counts["core"], counts["code_cells"], counts["exercises"])
     return counts

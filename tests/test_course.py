@@ -67,6 +67,23 @@ def questions_answered(cells):
         "its `## Questions` section has no cell tagged `solution` (the answers)"
 
 
+def _by_hand_and_exercise(path):
+    """One by-hand cell under wb.monitor with the technique's lines marked `# +`, one wb.agree,
+    and exactly one predict-run-explain exercise (an `**Explain` cell, a wb.check) on the core path."""
+    code = course_words.core_code_cells(path)
+    missing = []
+    if not any("wb.monitor(" in c and "# +" in c for c in code):
+        missing.append("no core code cell runs a loop under wb.monitor with lines marked `# + technique`")
+    if not any("wb.agree(" in c for c in code):
+        missing.append("no core code cell calls wb.agree")
+    exercises = course_words.words(path)["exercises"]
+    if exercises != 1:
+        missing.append(f"{exercises} predict-run-explain exercises on the core path (`**Explain` cells), not 1")
+    elif not any("wb.check(" in c for c in code):
+        missing.append("its exercise has no wb.check cell on the core path")
+    return "; ".join(missing) or None
+
+
 HEADER_TIME = re.compile(r"Time:?\**:?\s*about\s+(\d+)\s*min", re.I)
 
 
@@ -90,9 +107,9 @@ def _internal_imports(path):
 
 
 @pytest.mark.parametrize("check", [_core_words, _claims_cell, lambda p: questions_answered(_cells(p)), _internal_imports,
-                                   _header_time],
+                                   _header_time, _by_hand_and_exercise],
                          ids=["core path at most 1,000 words", "a claims cell", "questions with answers",
-                              "no internal imports", "the header's learner time"])
+                              "no internal imports", "the header's learner time", "by hand, agree, one exercise"])
 def test_every_notebook_has_the_course_shape(check):
     assert NOTEBOOKS, "no notebooks found"
     misses = _misses(check)

@@ -56,6 +56,7 @@ def test_learner_minutes_count_core_words_core_code_cells_and_exercises(tmp_path
     assert (counts["optional"], counts["solution"]) == (3 + 500 + 3, 20)
     assert (counts["code_cells"], counts["exercises"]) == (2, 1)
     assert counts["minutes"] == round(308 / 150 + 2 + 5) == 9
+    assert course_words.core_code_cells(path) == ["a = 1", "b = 2"]  # not the solution, not the optional cell
 
 
 def test_a_record_without_a_label_is_named_from_its_preset(tmp_path):
