@@ -91,7 +91,10 @@ def claims_of(path: pathlib.Path) -> Table | str:
     for cell in cells:
         for output in cell.get("outputs", []):
             text = "".join(output.get("data", {}).get("text/plain", "")) or "".join(output.get("text", ""))
-            table = parse_text(text)
+            try:
+                table = parse_text(text)
+            except (ValueError, SyntaxError, KeyError) as e:  # the page still lists every other notebook
+                return f"its claims table could not be read ({e})"
             if table is not None:
                 return table
     return "its `claims` cell has no saved claims table (not executed, or it failed)"

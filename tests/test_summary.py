@@ -46,6 +46,8 @@ def test_a_notebook_without_a_claims_table_gets_a_line_saying_so(tmp_path):
     assert summary.claims_of(_notebook(tmp_path, "a", None, tagged=False)) == "no cell tagged `claims`"
     assert "no saved claims table" in summary.claims_of(_notebook(tmp_path, "b", None))
     assert "no saved claims table" in summary.claims_of(_notebook(tmp_path, "c", "42"))
+    garbled = summary.claims_of(_notebook(tmp_path, "d", "Claims checked: 01 on cpu\nsomething else"))
+    assert garbled.startswith("its claims table could not be read (not a claims header")
 
 
 def test_the_page_holds_both_machines_tables_and_counts_the_verdicts(tmp_path):
