@@ -280,10 +280,12 @@ def claim_rows(baseline, checkpointed, pair: Dial) -> list[tuple[str, str, str, 
     peak, time_x = 1 - pair.ratio("peak_bytes", "all"), pair.ratio("step_time_s", "all")
     extra, grads = pair.ratio("flops", "all") - 1, pair.point("all").grad_difference
     assert saved >= 0.6 and grads <= 1e-5, f"saved activations -{saved:.0%}, gradient difference {grads:.1e}"
-    assert time_x <= 1.5 or not pair.timing_is_clean, f"checkpointing every block cost x{time_x:.2f} per step"
     timed = f"time x{time_x:.2f} (medians of {pair.rounds} interleaved rounds)"
     shared = None if pair.timing_is_clean else f"not shown here: {pair.core.note()}"
-    in_part = f"holds in part: the FLOPs +{extra:.0%}, the time x{time_x:.2f}"
+    # A time is judged, never asserted: on a small model a block's recompute is mostly Python
+    # overhead (a unit test's tiny GPT measured x2.3 on a free core), so the verdict says so.
+    in_part = (f"holds in part: the FLOPs +{extra:.0%}, the time x{time_x:.2f}" if time_x <= 1.5
+               else f"does not hold here: the FLOPs +{extra:.0%}, the time x{time_x:.2f}")
     return [
         ("50-70% less memory", "seed 004 §4.2",
          f"saved activations -{saved:.0%} (exact); step peak -{peak:.0%} ({pair.points[0].peak_kind})",
