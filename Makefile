@@ -1,7 +1,7 @@
 # The two commands of the README. Both install what is missing first (scripts/setup.sh).
 PY := $(if $(VIRTUAL_ENV)$(CONDA_PREFIX),python,.venv/bin/python)
 
-.PHONY: lab test test-presets setup browser benchmark gpu-check preflight learner-copies run-all
+.PHONY: learn lab course-facts test test-presets setup browser benchmark gpu-check preflight learner-copies run-all
 
 setup:
 	@bash scripts/setup.sh lab,test,quantization
@@ -12,8 +12,19 @@ browser: setup
 	@bash .ci/install-browser.sh || echo "note: Chromium could not be installed; the browser test will skip"
 
 # As root (containers, cloud boxes) jupyter refuses to start without --allow-root.
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
+
+# A learner alone, one command: installs what is missing, makes the learner's copies of the
+# notebooks (no outputs, no answers) in learners/ where they are not there yet, and opens
+# JupyterLab on them. Copies that exist are kept: they hold the learner's answers.
+LEARNERS ?= learners
+learn: setup
+	$(PY) scripts/learner_copies.py --missing --out $(LEARNERS)
+	$(PY) -m jupyter lab $(LEARNERS)/ $(ALLOW_ROOT)
+
+# The teacher's notebooks, outputs and solutions in.
 lab: setup
-	$(PY) -m jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root,)
+	$(PY) -m jupyter lab notebooks/ $(ALLOW_ROOT)
 
 # Single-threaded BLAS and offline hubs: what CI runs; timings comparable run to run.
 test: setup browser
@@ -30,13 +41,21 @@ preflight: setup
 	OMP_NUM_THREADS=1 $(PY) -m workbench.preflight
 
 # Run All in a real JupyterLab (headless Chromium), notebook by notebook, as a learner does:
-# `make run-all PRESET=cpu` (default cpu-quick); screenshots and summary.json in test-artifacts/run-all/.
+# `make run-all PRESET=cpu` (default cpu-quick); screenshots and summary.json in test-artifacts/run-all/,
+# the times in benchmarks/results/lab-PRESET.json (README's and WORKSHOP's tables: `make course-facts`).
 run-all: setup browser
-	$(PY) scripts/lab_run_all.py --preset $(or $(PRESET),cpu-quick)
+	$(PY) scripts/lab_run_all.py --preset $(or $(PRESET),cpu-quick) --record benchmarks/results/lab-$(or $(PRESET),cpu-quick).json
+
+# README's times table, WORKSHOP's three-hour path and docs/SUMMARY.md, from benchmarks/results/,
+# the notebooks' words and their executed `claims` cells (stale ones fail tests/test_course_facts.py).
+course-facts:
+	$(PY) scripts/course_facts.py
+	$(PY) scripts/summary.py
 
 # The learners' copies (no outputs, no `solution` cells) in learners/: what a teacher hands out.
-learner-copies:
-	python3 scripts/learner_copies.py
+# Refuses to replace a copy that exists: `make learner-copies LEARNER_COPIES_ARGS=--force`.
+learner-copies: setup
+	$(PY) scripts/learner_copies.py $(LEARNER_COPIES_ARGS)
 
 # CI's second pass: every notebook with the `cpu` preset's shapes and the gpu preset's where a
 # CPU can run them (the GPT notebooks' gpu shapes need a GPU: `make gpu-check`), steps and

@@ -7,7 +7,8 @@ Counted: the words (whitespace-separated) of markdown cells. A section whose hea
 with "Optional" (`## Optional: ...`) is optional down to the next heading of its level or
 higher; everything else is the core path. Cells tagged `solution` are answers, read after
 the exercise (they are not in the learners' copies), and are counted apart. A learner's
-minutes are estimated from them (see `learner_minutes`).
+minutes on the core path are estimated from the core words, the core code cells and the
+exercises (`learner_minutes`: words / 150 + 1 a code cell + 5 an exercise).
 """
 
 from __future__ import annotations
@@ -24,32 +25,65 @@ HEADING = re.compile(r"^(#{1,6})\s+(.*)$")
 WORDS_PER_MINUTE = 150
 
 
+def _tags(cell: dict) -> list:
+    return cell.get("metadata", {}).get("tags", [])
+
+
+def _section(optional_level: int | None, line: str) -> int | None:
+    """The level of the "Optional" heading in force after `line` (None: the core path)."""
+    heading = HEADING.match(line)
+    if heading:
+        level = len(heading.group(1))
+        if optional_level is not None and level <= optional_level:
+            optional_level = None
+        if optional_level is None and heading.group(2).strip().lower().startswith("optional"):
+            optional_level = level
+    return optional_level
+
+
+def core_code_cells(notebook: pathlib.Path) -> list[str]:
+    """The sources of the code cells on the core path that a learner's copy keeps (no solutions)."""
+    found, optional_level = [], None
+    for cell in json.loads(notebook.read_text())["cells"]:
+        text = "".join(cell["source"])
+        if cell["cell_type"] == "markdown" and "solution" not in _tags(cell):
+            for line in text.splitlines():
+                optional_level = _section(optional_level, line)
+        elif cell["cell_type"] == "code" and optional_level is None and "solution" not in _tags(cell):
+            found.append(text)
+    return found
+
+
 def words(notebook: pathlib.Path) -> dict[str, int]:
-    """{"core": n, "optional": n, "solution": n} markdown words of one notebook."""
-    counts = {"core": 0, "optional": 0, "solution": 0}
+    """One notebook's core path: {"core", "optional", "solution"} markdown words, and the
+    learner's "code_cells" (core code cells, solutions excluded: the learners' copies drop
+    them) and "exercises" (core markdown cells that start with "**Explain", one per
+    predict-run-explain exercise, as docs/NOTEBOOKS.md shapes them)."""
+    counts = {"core": 0, "optional": 0, "solution": 0, "code_cells": 0, "exercises": 0}
     optional_level = None  # the level of the "Optional" heading we are under, if any
     for cell in json.loads(notebook.read_text())["cells"]:
+        text = "".join(cell["source"])
+        if "solution" in _tags(cell):
+            counts["solution"] += len(text.split()) if cell["cell_type"] == "markdown" else 0
+            continue
+        if cell["cell_type"] == "code":
+            counts["code_cells"] += optional_level is None
+            continue
         if cell["cell_type"] != "markdown":
             continue
-        text = "".join(cell["source"])
-        if "solution" in cell.get("metadata", {}).get("tags", []):
-            counts["solution"] += len(text.split())
-            continue
+        if optional_level is None and text.lstrip().startswith("**Explain"):
+            counts["exercises"] += 1
         for line in text.splitlines():
-            heading = HEADING.match(line)
-            if heading:
-                level = len(heading.group(1))
-                if optional_level is not None and level <= optional_level:
-                    optional_level = None
-                if optional_level is None and heading.group(2).strip().lower().startswith("optional"):
-                    optional_level = level
+            optional_level = _section(optional_level, line)
             counts["optional" if optional_level is not None else "core"] += len(line.split())
+    counts["minutes"] = learner_minutes(counts["core"], counts["code_cells"], counts["exercises"])
     return counts
 
 
 def learner_minutes(core_words: int, code_cells: int, exercises: int) -> int:
-    """A learner's minutes on the core path: reading, plus a minute to read and run each code
-    cell, plus five minutes for each exercise (predict, run, explain). An estimate, not a timing."""
+    """A learner's minutes on the core path: reading at WORDS_PER_MINUTE, plus a minute to read
+    and run each code cell, plus five minutes for each exercise (predict, run, explain). An
+    estimate, not a timing: it is what notebook headers and docs/WORKSHOP.md quote."""
     return round(core_words / WORDS_PER_MINUTE + code_cells + 5 * exercises)
 
 
@@ -59,11 +93,12 @@ def main() -> int:
     parser.add_argument("--max", type=int, default=None, help="exit 1 when a core path has more words")
     args = parser.parse_args()
     paths = args.notebooks or sorted(NOTEBOOKS.glob("*.ipynb"))
-    print(f"{'notebook':<40} {'core':>6} {'optional':>9} {'solution':>9}")
+    print(f"{'notebook':<40} {'core':>6} {'optional':>9} {'solution':>9} {'code':>5} {'ex.':>4} {'minutes':>8}")
     too_long = []
     for path in paths:
         counts = words(path)
-        print(f"{path.stem:<40} {counts['core']:>6} {counts['optional']:>9} {counts['solution']:>9}")
+        print(f"{path.stem:<40} {counts['core']:>6} {counts['optional']:>9} {counts['solution']:>9} "
+              f"{counts['code_cells']:>5} {counts['exercises']:>4} {counts['minutes']:>8}")
         if args.max is not None and counts["core"] > args.max:
             too_long.append(f"{path.stem}: {counts['core']} core words (at most {args.max})")
     for line in too_long:

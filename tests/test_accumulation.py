@@ -26,38 +26,13 @@ def test_checks_reject_an_accumulation_that_does_not_divide_the_probe(gpt_probe)
     with pytest.raises(ValueError, match="accum_steps=3 must divide the probe's 8 samples"):
         accumulation.accumulation_check(gpt_probe, accum_steps=3)
     with pytest.raises(ValueError, match="accum_steps=0 must be a whole number >= 1"):
-        accumulation.padding_check(gpt_probe, accum_steps=0)
-
-
-def test_per_micro_batch_token_means_differ_and_the_window_token_count_fixes_it(gpt_probe):
-    rows = accumulation.padding_check(gpt_probe, accum_steps=4)
-    assert rows.value("pitfall: mean per micro-batch, / 4", "max relative difference") > 0.01
-    assert rows.value("fix: token sum / tokens in the window", "max relative difference") <= 1e-5
-    assert rows.value("fix with accelerate: token sum / window tokens x 4", "max relative difference") <= 1e-5
-    reference = rows.rows[0][2]
-    assert rows.value("fix: token sum / tokens in the window", "window loss") == pytest.approx(reference, rel=1e-5)
-
-
-def test_padding_check_explains_it_needs_token_labels():
-    images = make_probe(RunConfig(model="mlp", data="digits", preset="cpu-quick"), samples=4)
-    with pytest.raises(ValueError, match="token-level labels"):
-        accumulation.padding_check(images, accum_steps=2)
+        accumulation.window_peak(gpt_probe, micro_batch=2, accum_steps=0)
 
 
 def test_padded_labels_keep_a_prefix_of_each_sequence_longest_first(gpt_probe):
     labels, lengths = accumulation.padded_labels(gpt_probe.labels)
     assert lengths.tolist() == sorted(lengths.tolist(), reverse=True)
     assert ((labels != -100).sum(1) == lengths).all()
-
-
-
-
-
-
-
-
-
-
 
 
 def test_the_peak_of_a_window_is_one_micro_batch_peak_plus_at_most_the_gradients_held(gpt_probe):
@@ -77,7 +52,12 @@ def test_effective_batch_is_the_product_and_rejects_zero():
         accumulation.effective_batch(8, 0)
 
 
-def test_effective_batch_table_counts_optimizer_steps_and_left_over_micro_batches():
-    rows = accumulation.effective_batch_table([(8, 4), (8, 4, 2)], train_samples=1000)
-    # 1000 // 8 = 125 micro-batches: 31 windows of 4, 1 left over; over 2 processes 62 each: 15, 2.
-    assert [r[3:] for r in rows.rows] == [(32, 125, 31, 1), (64, 62, 15, 2)]
+def test_claim_rows_hold_for_an_accumulated_run_and_its_big_batch_twin():
+    from workbench import run
+    import dataclasses
+    big = dataclasses.replace(TINY_GPT, batch_size=8, steps=3, eval_samples=0)
+    baseline = run(big, sinks=[])
+    accumulated = run(dataclasses.replace(big, batch_size=2, grad_accum_steps=4), sinks=[])
+    rows = accumulation.claim_rows(baseline, accumulated)
+    assert [r[3].split(":")[0] for r in rows] == ["holds", "holds in part", "holds", "does not hold here"]
+    assert rows[3][2] == "0 optimizer steps in 12 micro-batches"

@@ -4,13 +4,15 @@ import pytest
 import torch
 
 from workbench import RunConfig
-from workbench.core.models import loss_fn, set_activation_checkpointing
+from workbench.core.models import loss_fn
+from workbench.switches.checkpointing import set_activation_checkpointing
 from workbench.measure.counters import (
     SavedActivationCounter,
     gpt_activation_bytes_formula,
 )
 from workbench.measure.flops import count_flops
 from workbench.measure.probe import gradients, make_probe
+from workbench.lessons import checkpointing
 from workbench.lessons.checkpointing import (
     Segments,
     checkpoint_sequential_forward,
@@ -52,6 +54,28 @@ def test_checkpoint_sequential_forward_keeps_one_input_per_segment_and_the_same_
     assert all(torch.equal(g, r) for g, r in zip(gradients(model), reference))
     with pytest.raises(TypeError, match="workbench GPT"):
         checkpoint_sequential_forward(torch.nn.Linear(2, 2), x, 2)
+
+
+def test_selective_checkpointing_keeps_each_blocks_matmul_outputs_and_recomputes_no_matmul(probe):
+    model = probe.new_model()
+    x, y = probe.inputs, probe.labels
+    saved, flops, grads = {}, {}, {}
+    for setting in ("none", "all", "selective"):
+        set_activation_checkpointing(model, setting)
+        with SavedActivationCounter(model) as counter:
+            logits = model(x)
+        saved[setting] = counter.bytes
+        model.zero_grad(set_to_none=True)
+        flops[setting] = count_flops(lambda: loss_fn(model(x), y).backward())
+        grads[setting] = gradients(model)
+    # Per block, fp32: c_attn (B, S, 3H), q @ k^T (B, A, S, S), att @ v, c_proj and the MLP's
+    # second Linear (B, S, H) each, the MLP's first (B, S, 4H): kept beside 'all''s block inputs.
+    matmul_outputs = 4 * (B * S * (3 * H + H + H + 4 * H + H) + B * A * S * S)
+    assert saved["selective"] == saved["all"] + 4 * matmul_outputs  # 4 blocks
+    assert saved["all"] < saved["selective"] < saved["none"]
+    assert flops["selective"] == flops["none"] < flops["all"]  # no matmul runs twice
+    assert all(torch.equal(g, r) for g, r in zip(grads["selective"], grads["none"]))
+    del logits
 
 
 def test_the_dial_measures_bytes_flops_time_and_peak_with_equal_gradients(probe):
@@ -109,3 +133,37 @@ def test_on_a_gpu_the_dial_reads_the_allocator_peak_and_checkpointing_lowers_it(
     dial = checkpointing_dial(probe.new_model(), probe.inputs, probe.labels, {"none": "none", "all": "all"}, rounds=3)
     assert dial.point("all").peak_kind == "CUDA allocator peak"
     assert dial.ratio("peak_bytes", "all") < 0.8 and dial.point("all").grad_difference <= 1e-5
+
+
+@pytest.fixture(scope="module")
+def tiny_runs():
+    import dataclasses
+
+    from workbench import run
+
+    config = dataclasses.replace(TINY_GPT, batch_size=B, steps=2, eval_samples=0)
+    return run(config, sinks=[]), run(dataclasses.replace(config, activation_checkpointing="all"), sinks=[])
+
+
+def test_block_accounting_checks_the_runs_against_the_formula_and_counts_each_block(tiny_runs, capsys):
+    picture = checkpointing.block_accounting(*tiny_runs)
+    per_block = gpt_activation_bytes_formula(S, B, H, A, 1)
+    assert f"each block: {per_block:,} B saved; checkpointed, {4 * S * B * H:,} B kept" in capsys.readouterr().out
+    assert picture is not None
+
+
+def test_claim_rows_judge_memory_and_gradients_and_leave_a_shared_cores_time_unjudged(tiny_runs):
+    baseline, checkpointed = tiny_runs
+    p = make_probe(baseline.config, samples=B)
+    pair = checkpointing_dial(p.new_model(), p.inputs, p.labels, {"none": "none", "all": "all"}, rounds=3)
+    rows = checkpointing.claim_rows(baseline, checkpointed, pair)
+    assert [r[0] for r in rows] == ["50-70% less memory", "~30% more compute time", "~20% slower", "the same gradients"]
+    assert rows[3][3] == "holds"
+    if not pair.timing_is_clean:
+        assert rows[1][3].startswith("not shown here") and rows[2][3].startswith("not shown here")
+
+
+def test_memory_moments_show_checkpointing_lowering_the_replayed_peak(capsys):
+    checkpointing.memory_moments(TINY_GPT)
+    none, all_ = (int(line.split("peak")[1].split("B")[0].replace(",", "")) for line in capsys.readouterr().out.splitlines()[:2])
+    assert all_ < none

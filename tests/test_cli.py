@@ -120,7 +120,9 @@ def test_two_machines_on_loopback_form_one_run(tmp_path):
 
 
 def test_the_named_choices_in_the_help_come_from_the_config_annotations():
+    from workbench.switches.checkpointing import CHOICES as CHECKPOINTING
+
     help_text = build_parser().format_help()
     assert "--precision {fp32,fp16,bf16}" in help_text
-    assert "--activation-checkpointing {none,all,every_other}" in help_text
+    assert "--activation-checkpointing {" + ",".join(CHECKPOINTING) + "}" in help_text  # the switch's registry
     assert "--preset {cpu-quick,cpu,gpu}" in help_text

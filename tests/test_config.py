@@ -80,8 +80,19 @@ def test_config_rejects_a_model_and_data_set_that_do_not_fit():
 
 
 def test_config_rejects_wrong_types_naming_the_fix():
-    assert _error(batch_size="32") == "batch_size must be a whole number such as 32, got str '32'; pass batch_size=<a whole number such as 32>"
+    assert _error(batch_size="32") == "batch_size must be a whole number or None, got str '32'; pass batch_size=<a whole number or None>"
     assert "lr must be a number" in _error(lr="1e-3")
+
+
+def test_config_types_and_their_words_come_from_the_annotations_and_registries():
+    from workbench.core.config import field_types
+    from workbench.core.optim import OPTIMIZERS
+
+    accepted, words = field_types("optimizer")
+    assert accepted == (str,) and words == ", ".join(map(repr, list(OPTIMIZERS)[:-1])) + f" or {list(OPTIMIZERS)[-1]!r}"
+    assert len(OPTIMIZERS) == 5 and _error(optimizer=3).startswith(f"optimizer must be {words}, got int 3")
+    assert field_types("epochs") == ((int, float, type(None)), "a number or None")
+    assert field_types("activation_checkpointing")[0] == (str, bool)
 
 
 def test_config_rejects_a_bool_posing_as_a_number():
@@ -154,5 +165,5 @@ def test_the_named_choices_are_read_off_the_annotations_and_the_registries():
     assert field_choices("optimizer") == tuple(OPTIMIZERS)
     assert field_choices("precision") == PRECISIONS
     assert field_choices("preset") == tuple(PRESETS)
-    assert field_choices("activation_checkpointing") == ("none", "all", "every_other")
+    assert field_choices("activation_checkpointing") == ("none", "all", "every_other", "selective")
     assert field_choices("batch_size") == ()

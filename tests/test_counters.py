@@ -182,7 +182,7 @@ def test_layernorm_statistics_are_about_a_quarter_h_th_of_a_layer_as_the_formula
 
 
 def test_a_checkpointed_blocks_input_reaches_the_outer_hooks_and_is_counted_once(monkeypatch):
-    from workbench.core.models import set_activation_checkpointing
+    from workbench.switches.checkpointing import set_activation_checkpointing
     from workbench.measure import counters
 
     model = set_activation_checkpointing(make_gpt(), "all")

@@ -40,6 +40,7 @@ def test_every_image_data_set_declares_the_shape_load_data_serves():
     dict(model="gpt"),
     dict(model="gpt", precision="bf16"),
     dict(model="gpt", activation_checkpointing="all"),
+    dict(model="gpt", activation_checkpointing="selective"),
     dict(model="gpt", precision="bf16", activation_checkpointing="every_other", grad_accum_steps=2, batch_size=5),
 ], ids=lambda c: "-".join(str(v) for v in c.values()))
 def test_estimate_is_within_5_percent_of_the_counts_run_measures(changes):
@@ -65,6 +66,9 @@ PEAK_CONFIGS = {
     "cnn fp16 adamw accumulation 3": dict(model="cnn", precision="fp16", grad_accum_steps=3, batch_size=8),
     "gpt fp32 adamw": dict(model="gpt"),
     "gpt fp32 adamw all, 4 layers": dict(model="gpt", activation_checkpointing="all", dims=dict(n_layer=4)),
+    "gpt fp32 adamw selective, 4 layers": dict(model="gpt", activation_checkpointing="selective", dims=dict(n_layer=4)),
+    "gpt bf16 sgd selective accumulation 2": dict(model="gpt", precision="bf16", optimizer="sgd", grad_accum_steps=2,
+                                                  activation_checkpointing="selective"),
     "gpt bf16 adamw every_other accumulation 2": dict(model="gpt", precision="bf16", grad_accum_steps=2,
                                                       activation_checkpointing="every_other"),
     "gpt fp16 sgd all": dict(model="gpt", precision="fp16", optimizer="sgd", activation_checkpointing="all",
@@ -92,6 +96,7 @@ def test_the_predicted_peak_is_the_tracked_peak_of_a_real_steady_state_step(chan
     dict(dims=dict(n_layer=6), activation_checkpointing="none", batch_size=4),
     dict(dims=dict(n_layer=7), activation_checkpointing="every_other", precision="bf16", grad_accum_steps=2),
     dict(dims=dict(n_layer=8), activation_checkpointing="all", precision="fp16", device="cuda"),
+    dict(dims=dict(n_layer=6), activation_checkpointing="selective", precision="bf16", grad_accum_steps=2),
     dict(dims=dict(n_layer=9), activation_checkpointing="every_other", device="cuda", batch_size=5),
     dict(dims=dict(n_layer=6), precision="bf16", grad_accum_steps=3, device="cuda", optimizer="adam"),
     dict(dims=dict(n_layer=10), activation_checkpointing="all", grad_accum_steps=2, batch_size=1, optimizer="sgd"),
@@ -101,7 +106,7 @@ def test_two_groups_of_blocks_replayed_and_scaled_equal_the_whole_model_replayed
     cfg = RunConfig(model="gpt", seq_len=32, **{**changes, "dims": dict(n_head=4, d_model=64, **changes["dims"])})
     scaled = estimate(cfg, device=device)
     assert scaled.method.startswith("2 of") or scaled.method.startswith("5 of")
-    monkeypatch.setattr(estimate_module, "_groups", lambda c: (0, c.dims["n_layer"], 0))
+    monkeypatch.setattr(estimate_module.checkpointing, "replay_groups", lambda c: (0, c.dims["n_layer"], 0))
     whole = estimate(cfg, device=device)
     assert whole.method.startswith(f"{cfg.dims['n_layer']} of")
     assert (scaled.peak_bytes, scaled.peak_at, scaled.activation_bytes, scaled.flops_per_step) == (

@@ -5,6 +5,7 @@ Every byte count here is derived by hand from the model's shape and asserted exa
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import pytest
@@ -257,3 +258,34 @@ def test_the_planner_offers_freezing_lora_and_sharding_with_their_costs():
     sharded = plans.where(lora_rank=0, sharding="full")[0]
     assert sharded.estimate.model_state_bytes == (plain.model_state_bytes - 4 * 28) // 2 + 4 * 28
     assert "sharded over 2 processes" in sharded.label and "gather parameters" in sharded.cost
+
+
+# -- the lesson module's counters (notebook 09) -------------------------------------------------------
+
+def test_one_step_bytes_counts_no_gradient_and_no_state_for_a_frozen_part():
+    from workbench.lessons.fewer_bytes import one_step_bytes
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 3))
+    model[0].requires_grad_(False)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+    batch = {"inputs": torch.ones(2, 4), "labels": torch.zeros(2, dtype=torch.long)}
+    held = one_step_bytes(model, optimizer, batch)
+    trained = 8 * 3 + 3
+    assert (held.parameter_bytes, held.gradient_bytes) == (4 * (4 * 8 + 8 + trained), 4 * trained)
+    assert held.optimizer_state_bytes == 8 * trained + 4 * 2  # two moments, a step count per tensor
+    assert all(p.grad is None for p in model.parameters())  # zeroed after counting
+
+
+def test_state_bytes_counts_each_optimizer_after_one_step_including_torchao_8bit_eagerly():
+    from workbench.lessons.fewer_bytes import quiet_torchao, state_bytes
+
+    with quiet_torchao():
+        from torchao.optim import AdamW8bit
+    layer = torch.nn.Linear(64, 64, bias=False)  # 4,096 values: the smallest tensor torchao quantizes
+    make = lambda cls, **kw: cls(copy.deepcopy(layer).parameters(), lr=1e-3, **kw)
+    counted = state_bytes({"sgd": make(torch.optim.SGD, momentum=0.9), "adamw": make(torch.optim.AdamW),
+                           "adamw8bit": make(AdamW8bit)})
+    n = 64 * 64
+    assert counted["sgd"] == 4 * n and counted["adamw"] == 8 * n + 4
+    assert counted["adamw8bit"] == 2 * (n + 4 * (n // 256) + 4 * 256) + 4  # codes, a scale per 256, a table; step

@@ -1,6 +1,7 @@
 """The package's layers, read from its own imports: arrows point down, and nothing cycles.
 
     core        config, presets, hardware, models, data: what to run, on what, where
+    switches    one module per technique: its choices, checks, hooks and estimate (core's floor)
     measure     exact counters, meters, records, results
     planner     the estimator (a step replayed on fake tensors), the fit check, plans
     engine      the loop on accelerate, its state, save/resume, N processes
@@ -9,7 +10,9 @@
     top         workbench/__init__.py, api.py, cli.py, __main__.py
 
 A module may import its own layer and the layers below; engine and views sit side by side
-and never import each other (the engine emits records, views draw them). Every import
+and never import each other (the engine emits records, views draw them). The switches share
+core's floor: RunConfig reads their choices and runs their checks before anything is allocated,
+and a switch builds on core's models and registries (no module cycle: the test below). Every import
 counts, including those inside functions: a function-level import is how an upward
 dependency or a cycle hides from a linter.
 """
@@ -22,7 +25,7 @@ import pathlib
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "workbench"
-RANK = {"core": 0, "measure": 1, "planner": 2, "engine": 3, "views": 3, "lessons": 4, "top": 5}
+RANK = {"core": 0, "switches": 0, "measure": 1, "planner": 2, "engine": 3, "views": 3, "lessons": 4, "top": 5}
 
 
 def module_name(path: pathlib.Path) -> str:

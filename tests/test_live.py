@@ -63,7 +63,8 @@ def test_levels_and_marks_record_every_allocation_and_the_moments_named():
 def test_the_peak_of_a_step_agrees_with_torchs_memtracker():
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from workbench.core.models import GPT, loss_fn, set_activation_checkpointing
+    from workbench.core.models import GPT, loss_fn
+    from workbench.switches.checkpointing import set_activation_checkpointing
 
     torch.manual_seed(0)
     model = set_activation_checkpointing(GPT(256, 40, n_layer=12, n_head=4, d_model=48), "all")

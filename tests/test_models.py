@@ -16,8 +16,8 @@ from workbench.core.models import (
     SmallCNN,
     build_model,
     parameter_count,
-    set_activation_checkpointing,
 )
+from workbench.switches.checkpointing import set_activation_checkpointing
 from workbench.measure.counters import (
     SavedActivationCounter,
     gpt_activation_bytes_formula,

@@ -294,8 +294,8 @@ def test_switches_that_assume_a_built_in_model_are_refused_for_yours(changes, me
     (TensorDataset(torch.zeros(4, 8)), "data=<TensorDataset of 4 samples>: item 0 of its training set (TensorDataset) "
      "is a tuple of 1 value; items must be {'inputs': tensor, 'labels': tensor} dicts or (inputs, labels) pairs"),
     (TensorDataset(torch.zeros(4, 8), torch.zeros(4), torch.zeros(4)), "is a tuple of 3 values; items must be"),
-    ([("a", 1)] * 4, "data must be a data set name such as 'mnist', a torch Dataset, (train, test) Datasets or a "
-                     "DataLoader, got list [('a', 1), ('a', 1), ('a', 1), ('a', 1)]"),
+    ([("a", 1)] * 4, "data must be text, a torch Dataset, a DataLoader, (train, test) Datasets or None, "
+                     "got list [('a', 1), ('a', 1), ('a', 1), ('a', 1)]"),
     ((torch.zeros(4, 8), torch.zeros(4)), "data=<(Tensor, Tensor)>: ... "),
     (TensorDataset(torch.zeros(4, 8), torch.zeros(4)), "its training set has labels of dtype float32; the loss is "
                                                        "cross-entropy over class indices"),

@@ -8,7 +8,8 @@ import torch
 from workbench import RunConfig
 from workbench.planner.estimate import estimate
 from workbench.measure.oom import parse_oom
-from workbench.lessons.planner import max_micro_batch, search_micro_batch, verify
+from workbench.engine.train import run
+from workbench.lessons.planner import Verification, max_micro_batch, search_micro_batch
 from workbench.planner.planning import Target, explain, plan
 
 MiB = 2**20
@@ -82,9 +83,9 @@ def test_accelerates_search_with_real_runs_confirms_the_prediction():
     assert found == predicted and tries == [(predicted + 1, "oom"), (predicted, "ok")]
 
 
-def test_verify_lays_exact_counts_next_to_the_prediction(plans):
+def test_verification_lays_exact_counts_next_to_the_prediction(plans):
     chosen = plans.where(precision="fp32", activation_checkpointing="all", batch_size=16)[0]
-    check = verify(chosen, sinks=[])
+    check = Verification(chosen, run(chosen.config, sinks=[])).check()  # raises unless measured = predicted
     assert check.result.status == "ok"
     assert check.measured_counted_bytes == chosen.estimate.counted_bytes
     assert [row[3] for row in check.rows()[:6]] == ["1.000"] * 6
@@ -146,7 +147,7 @@ def test_the_predicted_peak_is_within_10_percent_of_cudas_max_memory_allocated()
         assert abs(check.ratio - 1) < 0.10, (changes, check)
 
 
-def test_notebook_07_sizes_gpt_neo_2_7b_by_its_real_shape_and_plans_the_seeds_1_2b_model():
+def test_notebook_07_sizes_gpt_neo_2_7b_by_its_real_shape_and_the_seeds_1_2b_model_fits_40_gib():
     import json
     from pathlib import Path
 
@@ -155,10 +156,28 @@ def test_notebook_07_sizes_gpt_neo_2_7b_by_its_real_shape_and_plans_the_seeds_1_
     # GPT-Neo 2.7B: 32 layers, width 2560, 20 heads, a 2,048-token context (32 heads is Pythia-2.8B)
     big = next(t for t in text if "big = wb.RunConfig(" in t)
     assert "dims=dict(n_layer=32, n_head=20, d_model=2560), seq_len=2048" in big
-    assert any("GPT-Neo\n2.7B's" in t and "20 heads" in t and "2,048-token context" in t for t in text)
-    # the seed's before/after table is about a 1.2B model: planned on paper too (GPT-Neo 1.3B's shape)
-    assert any("mid = wb.RunConfig(model=\"gpt\", dims=dict(n_layer=24, n_head=16, d_model=2048)" in t for t in text)
+    assert any("GPT-Neo 2.7B's" in t and "20 heads" in t and "2,048-token context" in t for t in text)
+    # the seed's before/after table is about a 1.2B model (GPT-Neo 1.3B's shape): its AdamW state fits
     cfg = RunConfig(model="gpt", dims={"n_layer": 24, "n_head": 16, "d_model": 2048}, seq_len=512, batch_size=1)
     est = estimate(cfg, vocab_size=50257, device="cuda")
     assert 1.2e9 < est.parameter_count < 1.35e9
     assert est.model_state_bytes < Target.gpu("A100 SXM4 40GB", **A100).usable_bytes  # its AdamW state fits
+
+
+def test_a_speed_forecast_is_judged_by_its_direction_first_then_its_size():
+    from workbench.lessons.planner import forecast_verdict
+
+    assert forecast_verdict(1.16, 0.88).startswith("does not hold here")  # 24% apart, but the other way
+    assert forecast_verdict(1.20, 1.15).startswith("holds: ")
+    assert forecast_verdict(3.85, 1.22).startswith("holds in part")
+
+
+def test_a_plan_by_hand_must_match_wb_plan_label_for_label(plans, capsys):
+    from workbench.lessons.planner import check_fits
+
+    by_hand = {p.label: p.fits for p in plans.plans}
+    check_fits(by_hand, plans)
+    assert "by hand and wb.plan agree" in capsys.readouterr().out
+    first = next(iter(by_hand))
+    with pytest.raises(AssertionError, match="differ"):
+        check_fits({**by_hand, first: not by_hand[first]}, plans)

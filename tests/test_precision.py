@@ -14,18 +14,14 @@ from workbench.measure.counters import (
     SavedActivationCounter,
     gpt_activation_bytes_formula,
 )
-from workbench.lessons import mixed_precision as precision_module
+from workbench.core.presets import get_preset
+from workbench.engine.accelerator import enable_fp16_on_cpu, reset_accelerate_state
 from workbench.lessons.mixed_precision import (
+    arm_budget,
     autocast_policy,
-    inspect_model,
-    inspect_precision,
-)
-from workbench.lessons.mixed_precision import (
-    accelerate_setup,
     gpt_activation_bytes_autocast,
+    inspect_model,
     loss_saved_bytes,
-    simulate_scaler,
-    steps_for,
 )
 from workbench.views.sinks import RecordingSink
 
@@ -33,10 +29,16 @@ TINY = dict(model="mlp", data="digits", batch_size=32, steps=4, log_every=1, dim
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"))]
 
 
-def test_accelerate_alone_leaves_fp16_off_on_a_cpu_and_the_workbench_turns_it_on():
-    rows = dict((what, (alone, ours)) for what, alone, ours in accelerate_setup("fp16", device="cpu"))
-    assert rows["autocast"] == ("off", "on, float16")
-    assert rows["GradScaler"][0] == "none" and "GradScaler('cpu', init_scale=65536" in rows["GradScaler"][1]
+def test_accelerate_alone_leaves_fp16_off_on_a_cpu_and_enable_fp16_on_cpu_turns_it_on():
+    from accelerate import Accelerator
+
+    reset_accelerate_state(keep_process_group=False)
+    accelerator = Accelerator(cpu=True, mixed_precision="fp16")
+    assert accelerator.scaler is None and not accelerator.native_amp  # fp32 under an fp16 label
+    assert enable_fp16_on_cpu(accelerator, {"init_scale": 1024.0})
+    assert accelerator.native_amp and accelerator.scaler.get_scale() == 1024.0
+    with accelerator.autocast():
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.float16
 
 
 def test_fp16_on_cpu_trains_in_fp16_with_a_grad_scaler():
@@ -58,12 +60,6 @@ def test_a_forced_overflow_is_skipped_counted_and_backs_the_scale_off():
     # No growth within 2000 clean steps: every change of scale is one skipped step's backoff.
     assert result.loss_scales[-1] == init * 0.5**result.skipped_steps
     assert all(math.isfinite(loss) for loss in result.losses)
-
-
-def test_the_scale_grows_after_growth_interval_clean_steps_and_halves_on_an_overflow():
-    history = simulate_scaler({"init_scale": 1024.0, "growth_interval": 4}, steps=10, overflow_at={3})
-    assert history == [1024, 1024, 512, 512, 512, 512, 1024, 1024, 1024, 1024]
-    assert simulate_scaler(None, steps=2, overflow_at=set()) == [SCALER_DEFAULTS["init_scale"]] * 2
 
 
 def test_resolved_fp16_config_shows_every_scaler_knob():
@@ -91,10 +87,15 @@ def test_config_rejects_a_grad_scaler_that_is_not_a_dict():
         RunConfig(**TINY, precision="fp16", grad_scaler=1024.0)
 
 
-def test_steps_for_gives_every_precision_the_same_fewest_steps():
-    emulated = any(hardware.precision_support("cpu", p) == "emulated" for p in ("bf16", "fp16"))
-    assert steps_for(("fp32", "bf16", "fp16"), device="cpu", preset="cpu-quick") == (6 if emulated else 30)
-    assert steps_for(("fp32",), device="cpu", preset="cpu-quick") == 30
+def test_arm_budget_halves_the_emulated_budget_for_every_arm_and_leaves_native_arms_alone(monkeypatch, capsys):
+    monkeypatch.setattr(hardware, "precision_support", lambda device, p: "emulated" if p == "fp16" else "native")
+    monkeypatch.setattr(hardware, "cpu_matmul_slowdown", lambda p: 80.0)
+    preset = get_preset()
+    budget = arm_budget(device="cpu")
+    assert budget == {"steps": max(2, preset.reduced_precision_steps_on_emulated_cpu // 2), "log_every": 1,
+                      "batch_size": max(1, preset.batch_size["gpt"] // 2), "eval_samples": min(preset.max_eval_samples, 200)}
+    assert "emulates fp16 (a matmul measured 80x slower" in capsys.readouterr().out
+    assert arm_budget(("fp32", "bf16"), device="cpu") == {}
 
 
 def test_autocast_keeps_losses_in_fp32_and_runs_linear_in_16_bits():
@@ -104,8 +105,9 @@ def test_autocast_keeps_losses_in_fp32_and_runs_linear_in_16_bits():
 
 
 def test_inspection_shows_fp32_layer_norms_master_weights_and_gradients():
-    report = inspect_precision(RunConfig(model="gpt", precision="bf16", batch_size=2, seq_len=16,
-                                         dims={"n_layer": 1, "n_head": 2, "d_model": 16}))
+    torch.manual_seed(0)
+    ids, labels = (torch.randint(0, 64, (2, 16)) for _ in range(2))
+    report = inspect_model(GPT(64, 16, 1, 2, 16), ids, labels, precision="bf16")
     by_type = {}
     for _, kind, out, params in report.modules:
         by_type.setdefault(kind, set()).add((out, params))
@@ -136,13 +138,34 @@ def test_gpt_saved_bytes_under_autocast_match_the_formula_exactly(device, precis
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_fp16_gets_accelerates_grad_scaler_with_the_knobs():
-    rows = dict((what, ours) for what, _, ours in accelerate_setup("fp16", device="cuda"))
-    assert rows["autocast"] == "on, float16" and "GradScaler('cuda', init_scale=65536" in rows["GradScaler"]
     result = run(RunConfig(**TINY, precision="fp16", device="cuda", grad_scaler={"init_scale": 2.0**40}), sinks=[], name="g")
     assert result.skipped_steps >= 1 and result.loss_scales[-1] == 2.0**40 * 0.5**result.skipped_steps
 
 
-def test_only_unwrapping_evaluates_a_prepared_model_in_fp32():
-    ways = dict(precision_module.evaluation_dtypes("bf16", device="cpu"))
-    assert list(ways.values()) == ["bfloat16", "bfloat16", "bfloat16", "float32"]
-    assert ways["unwrap_model(model, keep_fp32_wrapper=False)"] == "float32"
+def _fake_run(precision, step_time_s, activation_bytes, *, loss=2.0, skipped=0, scales=(), preset="cpu-quick"):
+    from types import SimpleNamespace
+
+    memory = SimpleNamespace(activation_bytes=activation_bytes, model_state_bytes=1000, peak_bytes=None)
+    config = SimpleNamespace(precision=precision, preset=preset, grad_scaler={"init_scale": 2.0**40} if scales else None)
+    return SimpleNamespace(config=config, device="cpu", step_time_s=step_time_s, memory=memory, final_loss=loss,
+                           eval_loss=loss, accuracy=0.5, steps_done=3, skipped_steps=skipped, loss_scales=list(scales))
+
+
+def test_claim_rows_say_holds_in_part_when_one_format_is_native_and_fast_and_the_other_emulated(monkeypatch):
+    from workbench.lessons.mixed_precision import claim_rows
+
+    monkeypatch.setattr(hardware, "precision_support", lambda device, p: "emulated" if p == "fp16" else "native")
+    forced = _fake_run("fp16", 1.0, 10, skipped=3, scales=(2.0**39, 2.0**38, 2.0**37))
+    rows = claim_rows(_fake_run("fp32", 1.0, 300), _fake_run("fp16", 10.0, 200), _fake_run("bf16", 0.5, 200), forced)
+    speed, memory, _, scaler = rows
+    assert speed[3] == "holds in part: fp16 is emulated on this cpu, 10x slower; bf16 native, 2.00x"
+    assert "-33% (fp16)" in memory[2] and scaler[2].startswith("init_scale=2**40: 3 of 3 steps skipped, scale -> 2**37")
+
+
+def test_claim_rows_refuse_an_emulated_format_that_was_not_slower(monkeypatch):
+    from workbench.lessons.mixed_precision import claim_rows
+
+    monkeypatch.setattr(hardware, "precision_support", lambda device, p: "emulated")
+    forced = _fake_run("fp16", 1.0, 10, skipped=1, scales=(2.0**39,))
+    with pytest.raises(AssertionError, match="emulated fp16 step should be clearly slower"):
+        claim_rows(_fake_run("fp32", 1.0, 300), _fake_run("fp16", 1.0, 200), _fake_run("bf16", 5.0, 200), forced)

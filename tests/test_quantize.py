@@ -52,6 +52,22 @@ def data(model) -> Data:
     return Data(x, model(x).argmax(-1).detach())  # labels = the fp32 model's answers: accuracy 1.0
 
 
+def static_int8(model: nn.Module, calibration: torch.Tensor, *, per_channel: bool = True) -> nn.Module:
+    """Static PTQ the way notebook 05 writes it by hand: export, prepare_pt2e, calibrate, convert_pt2e."""
+    from torchao.quantization.pt2e import allow_exported_model_train_eval
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as x86
+
+    wq.load_torchao()
+    graph = torch.export.export(model, (calibration[:2],), dynamic_shapes=({0: torch.export.Dim("b", min=1)},)).module()
+    config = x86.get_default_x86_inductor_quantization_config()
+    observed = prepare_pt2e(graph, x86.X86InductorQuantizer().set_global(
+        config if per_channel else wq.per_tensor_weights(config)))
+    with torch.no_grad():
+        observed(calibration)
+    return allow_exported_model_train_eval(convert_pt2e(observed))
+
+
 def test_linear_weight_bytes_count_values_scales_and_zero_points_exactly(model):
     assert linear_weight_bytes(model) == 4 * WEIGHTS
     # deprecated torch.ao: one int8 per weight, one per-tensor scale held outside any tensor
@@ -63,8 +79,8 @@ def test_linear_weight_bytes_count_values_scales_and_zero_points_exactly(model):
 
 
 def test_static_int8_per_channel_adds_a_scale_and_zero_point_per_row(model, data):
-    per_tensor = wq.static_int8(model, data.inputs[:16], per_channel=False)
-    per_channel = wq.static_int8(model, [data.inputs[:8], data.inputs[8:16]])
+    per_tensor = static_int8(model, data.inputs[:16], per_channel=False)
+    per_channel = static_int8(model, data.inputs[:16])
     assert linear_weight_bytes(per_tensor) == WEIGHTS  # the scales are constants in the graph
     assert linear_weight_bytes(per_channel) == WEIGHTS + ROWS * (4 + 8)  # fp32 scale, int64 zero point
     # the converted graph keeps its unused fp32 originals; the size counts only what it uses
@@ -72,9 +88,9 @@ def test_static_int8_per_channel_adds_a_scale_and_zero_point_per_row(model, data
 
 
 def test_activation_scales_reads_one_calibrated_scale_per_quantized_activation(model, data):
-    scales = wq.activation_scales(wq.static_int8(model, data.inputs))
+    scales = wq.activation_scales(static_int8(model, data.inputs))
     assert len(scales) == 2 and all(s > 0 for s in scales)  # the input, and the hidden layer
-    with pytest.raises(ValueError, match="needs a static_int8"):
+    with pytest.raises(ValueError, match="needs a model converted by convert_pt2e"):
         wq.activation_scales(model)
 
 
@@ -83,7 +99,7 @@ def test_every_ptq_path_keeps_the_original_model_and_agrees_with_it(model, data)
     base = measure(model, data, name="fp32", repeats=2)
     variants = [wq.dynamic_int8(model, backend="torch.ao"), wq.dynamic_int8(model),
                 wq.weight_intx(model, bits=8), wq.weight_intx(model, bits=4, group_size=32),
-                wq.static_int8(model, data.inputs)]
+                static_int8(model, data.inputs)]
     for i, quantized in enumerate(variants):
         r = measure(quantized, data, name=f"v{i}", baseline=base, repeats=2)
         assert r.agreement >= 0.95, f"variant {i} changed {1 - r.agreement:.0%} of predictions"
@@ -107,7 +123,7 @@ def test_measure_rejects_data_without_inputs_and_labels(model):
 def test_quantizing_a_model_without_linear_layers_raises_one_line():
     convs = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU())
     for quantize in (wq.dynamic_int8, lambda m: wq.dynamic_int8(m, backend="torch.ao"),
-                     lambda m: wq.weight_intx(m, bits=4), lambda m: wq.static_int8(m, torch.randn(2, 1, 8, 8))):
+                     lambda m: wq.weight_intx(m, bits=4)):
         with pytest.raises(ValueError, match="has no nn.Linear layers") as error:
             quantize(convs)
         assert "\n" not in str(error.value)
@@ -132,8 +148,6 @@ def test_bad_bit_widths_group_sizes_and_backends_are_rejected(model):
         wq.weight_intx(model, bits=4, group_size=24)
     with pytest.raises(ValueError, match="backend='onnx' is not known"):
         wq.dynamic_int8(model, backend="onnx")
-    with pytest.raises(ValueError, match="calibration must be a non-empty tensor"):
-        wq.static_int8(model, [])
 
 
 def test_run_with_qat_trains_fake_quantized_and_converts_to_the_same_predictions():

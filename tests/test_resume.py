@@ -67,5 +67,5 @@ def test_save_every_needs_a_folder_and_a_multiple_of_log_every():
         RunConfig(**BASE, save_every=10)
     with pytest.raises(ConfigError, match="save_every=12 must be a multiple of log_every=5; pass save_every=10"):
         RunConfig(**BASE, save_every=12, save_state_dir="x")
-    with pytest.raises(ConfigError, match="save_state_dir must be a folder path"):
+    with pytest.raises(ConfigError, match="save_state_dir must be text, a path or None"):
         RunConfig(**BASE, save_state_dir=3)

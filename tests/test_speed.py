@@ -1,5 +1,6 @@
 """Notebook 08's switches (compile, attention, optimizer_impl, tf32) and its measuring helpers."""
 
+import copy
 import dataclasses
 import json
 import os
@@ -14,7 +15,8 @@ from workbench.core import hardware
 from workbench.core.config import ConfigError, RunConfig, field_choices
 from workbench.core.models import GPT, MLP, loss_fn, set_attention
 from workbench.core.optim import IMPLEMENTATIONS, implementation_problem, make_optimizer
-from workbench.engine.speedups import LoopPhases, compile_model, tf32_matmuls
+from workbench.engine.speedups import LoopPhases
+from workbench.switches.compiling import compile_model, tf32_matmuls
 from workbench.engine.train import run
 from workbench.measure.counters import (
     SavedActivationCounter,
@@ -22,14 +24,7 @@ from workbench.measure.counters import (
 )
 from workbench.measure.flops import FlopCounter
 from workbench.measure.result import RunResult
-from workbench.lessons.speed import TIMED_PHASES, phase_times, profile_run
-from workbench.lessons.speed import optimizer_bench, step_bench
-from workbench.lessons.speed import (
-    attention_kernels,
-    compile_payback,
-    graph_breaks,
-    toolchain,
-)
+from workbench.lessons.speed import compile_payback, graph_breaks, optimizer_bench, phase_ms, saved_bytes
 
 NO_COMPILER = "torch.compile on a CPU needs a C++ compiler (g++ or $CXX) and none is installed"
 needs_compiler = pytest.mark.skipif(hardware.cpp_compiler() is None, reason=NO_COMPILER)
@@ -148,12 +143,6 @@ def test_sdpa_saves_exactly_the_formula_without_the_s_by_s_probabilities():
     assert sdpa_flops - explicit_flops == L * 2 * B * S * S * H
 
 
-def test_the_cpu_runs_the_fused_flash_kernel_for_sdpa_and_nothing_fused_for_explicit():
-    x = torch.randint(0, V, (B, S))
-    assert attention_kernels(_tiny_gpt("sdpa"), x) == ["aten::_scaled_dot_product_flash_attention_for_cpu"]
-    assert attention_kernels(_tiny_gpt("explicit"), x) == []
-
-
 def test_set_attention_refuses_a_model_without_attention_and_unknown_names():
     with pytest.raises(ValueError, match="applies to the GPT, not MLP"):
         set_attention(MLP(4, (4,), 2), "sdpa")
@@ -181,15 +170,51 @@ def test_the_estimate_predicts_sdpa_bytes_and_flops_as_the_run_counts_them():
 
 # -- fused and foreach optimizers: the same update ---------------------------------------------------
 
-@pytest.mark.parametrize("optimizer", ["adamw", "adam", "sgd"])
+@pytest.mark.parametrize("optimizer", [torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD])
 def test_foreach_and_fused_reach_the_for_loop_parameters(optimizer):
     torch.manual_seed(0)
-    bench = optimizer_bench(GPT(V, S, 1, 2, 16), optimizer=optimizer, weight_decay=0.01, rounds=2, steps=5)
-    assert [p.name for p in bench.points] == ["for-loop", "foreach", "fused"]
+    model = GPT(V, S, 1, 2, 16)
+    make = lambda **impl: optimizer(copy.deepcopy(model).parameters(), lr=1e-3, weight_decay=0.01, **impl)
+    bench = optimizer_bench({"for-loop": make(foreach=False), "foreach": make(foreach=True), "fused": make(fused=True)},
+                            rounds=2, steps=5)
+    assert [p.name for p in bench.items] == ["for-loop", "foreach", "fused"]
     # The same math in another order: fp32 rounding only (measured: 0 for foreach, ~1e-7 fused).
     assert bench.point("foreach").max_difference <= 1e-6
     assert bench.point("fused").max_difference <= 1e-6
-    assert all(p.step_time_s > 0 for p in bench.points)
+    assert all(p.step_time_s > 0 for p in bench.items)
+
+
+def test_optimizer_bench_refuses_optimizers_over_different_weights():
+    make = lambda: torch.optim.AdamW(torch.nn.Linear(4, 4).parameters())
+    with pytest.raises(ValueError, match="copy of the same parameters"):
+        optimizer_bench({"a": make(), "b": make()}, rounds=1, steps=1)
+
+
+def test_saved_bytes_counts_q_k_v_the_probabilities_and_the_mask_of_explicit_attention():
+    b, a, s, d = 2, 3, 8, 4
+    q, k, v = (torch.randn(b, a, s, d, requires_grad=True) for _ in range(3))
+
+    def explicit(q, k, v):
+        future = torch.ones(s, s, dtype=torch.bool).triu(1)
+        return (q @ k.transpose(-2, -1)).masked_fill(future, float("-inf")).softmax(-1) @ v
+
+    assert saved_bytes(explicit, q, k, v) == 3 * 4 * b * a * s * d + 4 * b * a * s * s + s * s
+    sdpa = lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert saved_bytes(sdpa, q, k, v) == 4 * 4 * b * a * s * d + 4 * b * a * s  # q, k, v, out; log-sum-exp
+
+
+def test_phase_ms_reads_the_record_function_ranges_per_step():
+    model = torch.nn.Linear(8, 8)
+    with torch.profiler.profile() as prof:
+        for _ in range(2):
+            with torch.profiler.record_function("forward"):
+                loss = model(torch.ones(4, 8)).sum()
+            with torch.profiler.record_function("backward"):
+                loss.backward()
+    ms = phase_ms(prof, 2, names=("forward", "backward"))
+    assert set(ms) == {"forward", "backward"} and all(v > 0 for v in ms.values())
+    with pytest.raises(ValueError, match="record_function\\('optimizer'\\)"):
+        phase_ms(prof, 2)
 
 
 def test_optimizer_impl_reaches_the_optimizer_constructor():
@@ -209,26 +234,6 @@ def test_run_with_the_fused_optimizer_follows_the_baseline():
     assert fused.memory.optimizer_state_bytes == base.memory.optimizer_state_bytes
 
 
-def test_step_bench_times_each_config_as_run_sets_it_up():
-    tiny = RunConfig(model="gpt", dims={"n_layer": 1}, batch_size=2, seq_len=16, device="cpu", preset="cpu-quick")
-    bench = step_bench({"baseline": tiny, "sdpa": dataclasses.replace(tiny, attention="sdpa"),
-                        "fused": dataclasses.replace(tiny, optimizer_impl="fused")}, rounds=3)
-    assert [p.name for p in bench.points] == ["baseline", "sdpa", "fused"]
-    for p in bench.points:
-        assert p.spread_s[0] <= p.step_time_s <= p.spread_s[1]
-    assert bench.ratio("step_time_s", "baseline") == 1.0
-    with pytest.raises(ValueError, match="rounds=0"):
-        step_bench({"baseline": tiny}, rounds=0)
-
-
-def test_the_toolchain_says_what_this_cpu_offers():
-    report = toolchain("cpu")
-    assert report.device == "cpu" and report.cpp_compiler == hardware.cpp_compiler()
-    assert "adamw" in report.fused_optimizers  # fused AdamW on CPU: torch >= 2.4
-    assert report.tf32.startswith("not on a CPU")
-    assert "attention='sdpa': kernels" in str(report)
-
-
 # -- TF32 ------------------------------------------------------------------------------------------
 
 def test_tf32_is_allowed_inside_and_restored_after():
@@ -244,11 +249,13 @@ def test_tf32_is_allowed_inside_and_restored_after():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="TF32 is a CUDA tensor-core format; no GPU here")
 def test_tf32_speeds_up_fp32_matmuls_on_an_ampere_gpu():
-    from workbench.lessons.speed import matmul_tf32_speedup
+    from workbench.lessons.speed import matmul_seconds
 
     if torch.cuda.get_device_capability() < (8, 0):
         pytest.skip("TF32 needs compute capability 8.0+")
-    assert matmul_tf32_speedup(n=4096) > 2
+    fp32 = matmul_seconds(4096)
+    with tf32_matmuls(True):
+        assert fp32 / matmul_seconds(4096) > 2
 
 
 # -- torch.compile ---------------------------------------------------------------------------------
@@ -329,8 +336,6 @@ def test_compile_payback_weighs_the_first_step_against_the_saving(eager_and_comp
     assert compile_payback(fake(0.1, 0.020), fake(5.1, 0.015)).steps_to_pay_back == 1000
     assert compile_payback(fake(0.1, 0.020), fake(5.1, 0.025)).steps_to_pay_back is None
     assert compile_payback(fake(0.1, 0.020), fake(0.05, 0.015)).steps_to_pay_back == 0  # nothing compiled
-    timed_apart = compile_payback(fake(0.1, 0.020), fake(5.1, 0.025), eager_step_s=0.5, compiled_step_s=0.25)
-    assert timed_apart.steps_to_pay_back == 20 and timed_apart.eager_step_s == 0.5  # 5 s / 0.25 s a step
     with pytest.raises(ValueError, match="no first-step or step time"):
         compile_payback(fake(None, 0.02), compiled)
 
@@ -357,25 +362,6 @@ def test_graph_breaks_are_found_and_explained():
 
 # -- the profiler ------------------------------------------------------------------------------------
 
-def _event(name, start, end):
-    return SimpleNamespace(name="workbench." + name, time_range=SimpleNamespace(start=start, end=end))
-
-
-def test_phase_times_skip_the_first_step_and_group_accumulated_micro_batches():
-    # step 1 (the probe, skipped): two micro-batches of accumulation 2, 1 us a phase
-    events = [_event(p, t, t + 1) for t, p in enumerate(["data", "forward", "backward", "optimizer", "other"] * 2)]
-    # step 2: two micro-batches, then a log phase
-    t = 10
-    for _ in range(2):
-        for p, d in [("data", 2), ("forward", 3), ("backward", 5), ("optimizer", 1), ("other", 1)]:
-            events.append(_event(p, t, t + d))
-            t += d
-    events.append(_event("log", t, t + 7))
-    seconds, steps, windows = phase_times(events, skip_steps=1, grad_accum_steps=2)
-    assert steps == 1 and windows == [(10, t + 7)]
-    assert seconds == {"data": 4e-6, "forward": 6e-6, "backward": 10e-6, "optimizer": 2e-6, "other": 2e-6, "log": 7e-6}
-
-
 def test_loop_phases_open_ranges_only_under_a_profiler():
     phases = LoopPhases()
     phases.enter("data")
@@ -385,24 +371,6 @@ def test_loop_phases_open_ranges_only_under_a_profiler():
         phases.enter("forward")
         phases.close()
     assert [e.name for e in prof.events() if e.name.startswith("workbench.")] == ["workbench.data", "workbench.forward"]
-
-
-def test_a_profiled_run_splits_its_steps_and_agrees_with_its_own_wait_figure(tmp_path):
-    cfg = dataclasses.replace(TINY_MLP, steps=8, log_every=4)
-    prof = profile_run(cfg, name="tiny", trace_path=str(tmp_path / "trace.json"))
-    result = prof.result
-    assert prof.timed_steps == 7  # the first step counts exactly, and is not timed
-    # The phases tile the loop: their sum is the time the run itself measured for those steps
-    # (the profiler's clock against the loop's; a few microseconds apart per step).
-    assert prof.timed_s == pytest.approx(result.step_time_s * prof.timed_steps, rel=0.05)
-    assert all(prof.phase_s[p] > 0 for p in TIMED_PHASES)
-    # The profile's data phase also holds the loop's bookkeeping of the fetch (~1 us), and its total
-    # misses the range switches (~1% of a 2 ms step): a few percent apart, relative (measured 1.5-4%).
-    assert prof.data_fraction == pytest.approx(result.data_wait_fraction, rel=0.1, abs=0.005)
-    assert prof.top_ops and prof.top_ops[0][1] >= prof.top_ops[-1][1]
-    assert "aten::addmm" in {op for op, _, _ in prof.top_ops}
-    trace = json.loads((tmp_path / "trace.json").read_text())
-    assert any(e.get("name") == "workbench.forward" for e in trace["traceEvents"])
 
 
 def test_first_step_seconds_reach_run_and_monitor_results():
@@ -419,3 +387,13 @@ def test_first_step_seconds_reach_run_and_monitor_results():
                 opt.zero_grad()
                 mon.loss(loss)
     assert isinstance(mon.result, RunResult) and mon.result.first_step_s > 0
+
+
+def test_compile_problem_names_a_missing_cpp_compiler_for_a_cpu_model(monkeypatch, capsys):
+    from workbench.lessons.speed import compile_problem
+
+    monkeypatch.setattr(hardware, "cpp_compiler", lambda: None)
+    problem = compile_problem(torch.nn.Linear(2, 2))
+    assert "no C++ compiler" in problem and problem in capsys.readouterr().out
+    monkeypatch.setattr(hardware, "cpp_compiler", lambda: "/usr/bin/g++")
+    assert compile_problem(torch.nn.Linear(2, 2)) is None

@@ -137,7 +137,8 @@ def test_the_first_step_counted_for_flops_peaks_no_higher_than_the_steps_after_i
 def test_flop_counter_leaves_a_checkpointed_steps_peak_as_it_is_and_counts_like_flopcountermode():
     from torch.utils.flop_counter import FlopCounterMode
 
-    from workbench.core.models import GPT, loss_fn, set_activation_checkpointing
+    from workbench.core.models import GPT, loss_fn
+    from workbench.switches.checkpointing import set_activation_checkpointing
     from workbench.measure.flops import FlopCounter
     from workbench.measure.live import LiveTensors
 

@@ -40,7 +40,7 @@ _EXPORTS = {
     "get_preset": "core.presets",
     "load_data": "core.data",
     "build_model": "core.models",
-    "set_activation_checkpointing": "core.models",
+    "set_activation_checkpointing": "switches.checkpointing",
     "Sink": "measure.records",
     "RunStart": "measure.records",
     "StepRecord": "measure.records",
@@ -80,7 +80,8 @@ if TYPE_CHECKING:
     from workbench.core.config import ConfigError, RunConfig
     from workbench.core.data import load_data
     from workbench.core.hardware import hardware_report
-    from workbench.core.models import build_model, set_activation_checkpointing
+    from workbench.core.models import build_model
+    from workbench.switches.checkpointing import set_activation_checkpointing
     from workbench.core.presets import get_preset
     from workbench.core.report import format_bytes
     from workbench.engine.ending import RunInterrupted, last_result

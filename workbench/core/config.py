@@ -13,6 +13,7 @@ import copy
 import dataclasses
 import functools
 import os
+import types
 import typing
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -29,24 +30,26 @@ from workbench.core.optim import IMPLEMENTATIONS, OPTIMIZERS
 from workbench.core.precisions import PRECISIONS, scaler_kwargs
 from workbench.core.presets import PRESETS, get_preset
 from workbench.core.trainable import FREEZE_CHOICES, LORA_TARGETS
+from workbench.switches import attention, checkpointing, compiling, qat, sharding
 
 __all__ = ["ConfigError", "RunConfig", "field_choices"]
 
-# The choices of each named field, as types: validation and the CLI's choices read them
-# off the annotations (`field_choices`). Registries that already list the names (models,
-# optimizers, precisions, presets) are the one place those names are written.
+# The choices of each named field, as types: validation, the type checks and the CLI's choices
+# read them off the annotations (`field_choices`, `field_types`). The registries (models,
+# optimizers, precisions, presets, and each switch's in workbench/switches) are the one place
+# those names are written.
 ModelName = Literal[MODELS]
 OptimizerName = Literal[tuple(OPTIMIZERS)]
 PrecisionName = Literal[PRECISIONS]
 PresetName = Literal[tuple(PRESETS)]
-Checkpointing = Literal["none", "all", "every_other"]
-QATScheme = Literal["none", "int8", "int4", "int3", "int2"]
+Checkpointing = Literal[tuple(checkpointing.CHOICES)]
+QATScheme = Literal[tuple(qat.SCHEMES)]
 Device = Literal["auto", "cpu", "cuda"]
 FreezeChoice = Literal[tuple(FREEZE_CHOICES)]
 LoraTargets = Literal[tuple(LORA_TARGETS)]
-Sharding = Literal["none", "full"]
-CompileMode = Literal["none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
-Attention = Literal["explicit", "sdpa"]
+Sharding = Literal[sharding.CHOICES]
+CompileMode = Literal[compiling.COMPILE_MODES]
+Attention = Literal[attention.CHOICES]
 OptimizerImpl = Literal[tuple(IMPLEMENTATIONS)]
 
 
@@ -95,7 +98,8 @@ class RunConfig:
     grad_accum_steps: int = 1
     """Micro-batches whose gradients add up before each optimizer step."""
     activation_checkpointing: Checkpointing | bool = "none"
-    """'none', 'all' or 'every_other' block (gpt, minilm); True means 'all'."""
+    """Which blocks (gpt, minilm) recompute their activations in backward; what each choice keeps:
+    switches.checkpointing.CHOICES ('selective': the matmuls' outputs). True means 'all'."""
     max_grad_norm: float | None = None
     """Clip the gradient norm to this before each optimizer step; None: no clipping."""
     qat: QATScheme = "none"
@@ -167,7 +171,7 @@ class RunConfig:
     fp32 range) during training; evaluation stays full fp32. Not available on a CPU."""
 
     def __post_init__(self) -> None:
-        check_types(self, _TYPES)
+        check_types(self, {f.name: field_types(f.name) for f in dataclasses.fields(self)})
         check_values(self, _resolve(self), field_choices)
 
     def resolved(self) -> RunConfig:
@@ -189,50 +193,39 @@ class RunConfig:
         return {"model": custom.describe_model(self.model), "data": custom.describe_data(self.data), **values}
 
 
-# field -> (accepted types, what to write instead); bool is excluded from ints
-# because True == 1 would silently pass as a batch size.
-_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
-    "model": ((str, torch.nn.Module), "a model name such as 'mlp', or your torch.nn.Module"),
-    "data": ((str, type(None), Dataset, DataLoader, tuple),
-             "a data set name such as 'mnist', a torch Dataset, (train, test) Datasets or a DataLoader"),
-    "batch_size": ((int, type(None)), "a whole number such as 32"),
-    "steps": ((int, type(None)), "a whole number such as 100"),
-    "epochs": ((int, float, type(None)), "a number such as 1 or 0.5"),
-    "lr": ((int, float, type(None)), "a number such as 1e-3"),
-    "optimizer": ((str,), "'adamw', 'adam' or 'sgd'"),
-    "weight_decay": ((int, float), "a number such as 0.01"),
-    "precision": ((str,), "'fp32', 'fp16' or 'bf16'"),
-    "grad_scaler": ((dict, type(None)), "a dict such as {'init_scale': 1024.0}, or None"),
-    "grad_accum_steps": ((int,), "a whole number such as 4"),
-    "activation_checkpointing": ((str, bool), "'none', 'all' or 'every_other'"),
-    "max_grad_norm": ((int, float, type(None)), "a number such as 1.0, or None"),
-    "qat": ((str,), "'none', 'int8', 'int4', 'int3' or 'int2'"),
-    "seq_len": ((int, type(None)), "a whole number such as 128"),
-    "num_workers": ((int,), "a whole number such as 2"),
-    "pin_memory": ((bool,), "True or False"),
-    "prefetch_factor": ((int, type(None)), "a whole number such as 2, or None"),
-    "persistent_workers": ((bool,), "True or False"),
-    "seed": ((int,), "a whole number such as 0"),
-    "device": ((str,), "'auto', 'cpu' or 'cuda'"),
-    "preset": ((str, type(None)), "'cpu-quick', 'cpu' or 'gpu'"),
-    "log_every": ((int, type(None)), "a whole number such as 10"),
-    "eval_samples": ((int, type(None)), "a whole number such as 500"),
-    "save_state_dir": ((str, os.PathLike, type(None)), "a folder path such as 'checkpoints', or None"),
-    "save_every": ((int, type(None)), "a whole number such as 100, or None"),
-    "resume_from": ((str, os.PathLike, type(None)), "a folder path written by save_state_dir, or None"),
-    "dims": ((dict, type(None)), "a dict such as {'n_layer': 4}"),
-    "memory_budget_bytes": ((int, type(None)), "a whole number of bytes such as 64 * 2**20, or None"),
-    "freeze": ((str,), "'none', 'embeddings' or 'all_but_head'"),
-    "freeze_layers": ((int,), "a whole number such as 2"),
-    "lora_rank": ((int,), "a whole number such as 8 (0: no LoRA)"),
-    "lora_targets": ((str,), "'attention' or 'attention_mlp'"),
-    "lora_alpha": ((int, float, type(None)), "a number such as 16, or None"),
-    "sharding": ((str,), "'none' or 'full'"),
-    "compile": ((str,), "'none', 'default', 'reduce-overhead', 'max-autotune' or 'max-autotune-no-cudagraphs'"),
-    "attention": ((str,), "'explicit' or 'sdpa'"),
-    "optimizer_impl": ((str,), "'default', 'for-loop', 'foreach' or 'fused'"),
-    "tf32": ((bool,), "True or False"),
+# What each kind of annotation accepts at run time, and how an error says it. A float field
+# takes an int too; bool is kept apart from int, because True == 1 would pass as a batch size.
+_KINDS: dict[Any, tuple[tuple[type, ...], str]] = {
+    int: ((int,), "a whole number"), float: ((int, float), "a number"), bool: ((bool,), "True or False"),
+    str: ((str,), "text"), dict: ((dict,), "a dict"), tuple: ((tuple,), "(train, test) Datasets"),
+    os.PathLike: ((os.PathLike,), "a path"), type(None): ((type(None),), "None"),
+    torch.nn.Module: ((torch.nn.Module,), "your torch.nn.Module"), Dataset: ((Dataset,), "a torch Dataset"),
+    DataLoader: ((DataLoader,), "a DataLoader"),
 }
+
+
+@functools.cache
+def field_types(name: str) -> tuple[tuple[type, ...], str]:
+    """(the types a RunConfig field accepts, what to write instead), read off its annotation;
+    a Literal's words are its choices, so they are the registry's.
+
+    Example:
+        >>> field_types("steps")
+        ((<class 'int'>, <class 'NoneType'>), 'a whole number or None')
+    """
+    hint = typing.get_type_hints(RunConfig)[name]
+    parts = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    accepted: list[type] = []
+    words: list[str] = []
+    for part in parts:
+        if typing.get_origin(part) is Literal:
+            accepted.append(str)
+            words += [repr(n) for n in typing.get_args(part)]
+        else:
+            kinds, said = _KINDS[typing.get_origin(part) or part]
+            accepted += kinds
+            words.append(said)
+    return tuple(dict.fromkeys(accepted)), ", ".join(words[:-1]) + f" or {words[-1]}" if len(words) > 1 else words[0]
 
 
 @functools.cache

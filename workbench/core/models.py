@@ -2,13 +2,12 @@
 for language modelling, and the pretrained MiniLM (all-MiniLM-L6-v2) for text
 classification. Every model is called the same way: `logits = model(batch["inputs"])`.
 
-`build_model(name, data=..., dims=...)` builds one sized by a preset;
-`set_activation_checkpointing(model, blocks)` is the activation-checkpointing switch.
+`build_model(name, data=..., dims=...)` builds one sized by a preset; the switches that
+change a built model (checkpointing, attention, ...) are in `workbench/switches/`.
 
 Example:
     >>> torch.manual_seed(0)  # doctest: +SKIP
     >>> model = build_model("gpt", data=bundle, dims={"n_layer": 2, "n_head": 4, "d_model": 128})  # doctest: +SKIP
-    >>> set_activation_checkpointing(model, "every_other")  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from torch.utils.checkpoint import checkpoint
 from workbench.core.saved import note_saved
 
 __all__ = ["MODELS", "MODEL_SPECS", "ModelSpec", "loss_fn", "MLP", "SmallCNN", "GPT", "PretrainedClassifier", "build_model",
-           "set_activation_checkpointing", "set_attention", "ATTENTIONS", "parameter_count", "pretrained_config"]
+           "set_attention", "ATTENTIONS", "parameter_count", "pretrained_config"]
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -174,7 +173,8 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(d_model)
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight
-        self.checkpointed: frozenset[int] = frozenset()
+        self.checkpointed: frozenset[int] = frozenset()  # blocks recomputed in backward (switches.checkpointing)
+        self.checkpoint_options: dict[str, Any] = {}  # torch.utils.checkpoint's further keywords, from the same
         # GPT-2 init; residual projections scaled by 1/sqrt(2·n_layer) (nanoGPT).
         for name, p in self.named_parameters():
             if p.dim() == 2:
@@ -197,7 +197,8 @@ class GPT(nn.Module):
                 # activation bytes stay exact (torch 2.13's hooks see it too; counted once).
                 note_saved(x)
                 # No RNG state to save when there is no dropout (saves a copy per block).
-                x = checkpoint(block, x, use_reentrant=False, preserve_rng_state=self.dropout > 0)
+                x = checkpoint(block, x, use_reentrant=False, preserve_rng_state=self.dropout > 0,
+                               **self.checkpoint_options)
             else:
                 x = block(x)
         return self.lm_head(self.ln_f(x))
@@ -272,51 +273,6 @@ def _note_checkpointed_inputs(module: nn.Module, args: tuple, kwargs: dict) -> N
         for t in (*args, *kwargs.values()):
             if isinstance(t, torch.Tensor):
                 note_saved(t)
-
-
-def set_activation_checkpointing(model: nn.Module, blocks: str | Iterable[int]) -> nn.Module:
-    """Recompute the chosen blocks' activations in backward instead of keeping them.
-
-    `blocks`: "none", "all", "every_other" (blocks 0, 2, 4, ...) or block indices (GPT only:
-    the MiniLM wrapper takes the switches Hugging Face offers, "none", "all" and, on
-    transformers with `activation_checkpointing_enable`, "every_other"). "none" is
-    accepted by every model, so a loop may always call this. Returns the model.
-    """
-    if isinstance(model, GPT):
-        n = len(model.blocks)
-        if blocks == "none":
-            chosen: set[int] = set()
-        elif blocks == "all":
-            chosen = set(range(n))
-        elif blocks == "every_other":
-            chosen = set(range(0, n, 2))
-        elif isinstance(blocks, str):
-            raise ValueError(f"activation checkpointing blocks={blocks!r}: "
-                             "use 'none', 'all', 'every_other' or block indices")
-        else:
-            chosen = set(blocks)
-            if bad := sorted(i for i in chosen if not (isinstance(i, int) and 0 <= i < n)):
-                raise ValueError(f"activation checkpointing blocks {bad} out of range: "
-                                 f"this GPT has blocks 0..{n - 1}")
-        model.checkpointed = frozenset(chosen)
-    elif isinstance(model, PretrainedClassifier):
-        hf, kwargs = model.hf, {"use_reentrant": False}
-        # transformers >= 5.2x renamed the switch (the old name warns) and added every_n_layers.
-        new_api = hasattr(hf, "activation_checkpointing_enable")
-        if blocks == "none":
-            hf.activation_checkpointing_disable() if new_api else hf.gradient_checkpointing_disable()
-        elif blocks == "all" and not new_api:
-            hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-        elif blocks in ("all", "every_other") and new_api:
-            hf.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs,
-                                               every_n_layers=1 if blocks == "all" else 2)
-        else:
-            raise ValueError(f"activation checkpointing blocks={blocks!r}: the pretrained MiniLM takes "
-                             f"{'none, all or every_other' if new_api else 'only all or none'}")
-    elif blocks != "none":
-        raise ValueError("activation checkpointing applies to models with blocks (gpt, minilm), "
-                         f"not {type(model).__name__}")
-    return model
 
 
 ATTENTIONS = ("explicit", "sdpa")

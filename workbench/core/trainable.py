@@ -11,7 +11,7 @@ gives the optimizer only the parameters that train. The weights themselves stay.
   Linear layers: each frozen weight W (out x in) gains B @ A, with A (rank x in) and
   B (out x rank) the only new trainable values, rank x (in + out) per layer. The model's
   head (a fresh classifier) trains whole; `merge_and_unload()` folds B @ A into W after;
-- `apply_trainable(model, cfg)`: what `run()` and the estimate call, from a RunConfig;
+- the switch itself (its checks, what `run()` calls, the estimate's key): `switches/trainable.py`;
 - `lora_parameter_count(model, rank, targets)`: the exact count of LoRA's new values.
 
 Example:
@@ -25,7 +25,7 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["FREEZE_CHOICES", "LORA_TARGETS", "model_parts", "freeze_parts", "add_lora", "apply_trainable",
+__all__ = ["FREEZE_CHOICES", "LORA_TARGETS", "model_parts", "freeze_parts", "add_lora",
            "lora_target_names", "lora_shapes", "lora_parameter_count"]
 
 # what each `freeze` choice leaves untrained
@@ -154,12 +154,3 @@ def add_lora(model: nn.Module, *, rank: int, targets: str = "attention", alpha: 
         for module in model_parts(model)["head"]:
             module.requires_grad_(True)
     return peft_model
-
-
-def apply_trainable(model: nn.Module, cfg: Any) -> nn.Module:
-    """What trains in a run of `cfg` (a resolved RunConfig): its `freeze`, `freeze_layers` and
-    `lora_*` fields applied to `model`. Returns the model to train (a peft model with LoRA)."""
-    if cfg.lora_rank:
-        return add_lora(model, rank=cfg.lora_rank, targets=cfg.lora_targets, alpha=cfg.lora_alpha)
-    return freeze_parts(model, cfg.freeze, first_layers=cfg.freeze_layers)
-

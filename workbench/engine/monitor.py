@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from workbench.core import hardware
+from workbench.core.precisions import PRECISIONS
 from workbench.engine.ending import RunInterrupted, remember
 from workbench.measure.counters import SavedActivationCounter
 from workbench.measure.flops import FlopCounter
@@ -79,8 +80,8 @@ class Monitor:
         for field, value in (("steps", steps), ("log_every", log_every), ("grad_accum_steps", grad_accum_steps)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{field}={value!r} must be a whole number >= 1; pass e.g. {field}=10")
-        if precision not in ("fp32", "fp16", "bf16"):
-            raise ValueError(f"precision={precision!r} labels the run: use 'fp32', 'fp16' or 'bf16'")
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision={precision!r} labels the run: use one of {', '.join(map(repr, PRECISIONS))}")
         self.model, self.optimizer, self.count_first_step = model, optimizer, count_first_step
         param = next(model.parameters(), None)
         self.device = param.device if param is not None else torch.device("cpu")

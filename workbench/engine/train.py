@@ -11,42 +11,29 @@ stops there) carrying the partial result, which `last_result()` also returns.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 import traceback
 from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
+from typing import Any
 
 from workbench.core import custom, hardware
 from workbench.core.config import RunConfig
 from workbench.core.models import loss_fn
-from workbench.core.optim import make_optimizer
-from workbench.core.trainable import apply_trainable
 from workbench.engine import resume
-from workbench.engine.accelerator import loss_scale, make_accelerator
-from workbench.engine.ending import (
-    Diverged,
-    RunInterrupted,
-    diverged_message,
-    free,
-    keep_partial,
-    remember,
-    untangle,
-)
-from workbench.engine.sharding import gathered, shard_model
-from workbench.engine.speedups import LoopPhases, compile_model, tf32_matmuls
+from workbench.engine.accelerator import make_accelerator
+from workbench.engine.ending import Diverged, RunInterrupted, diverged_message, free, keep_partial, remember, untangle
+from workbench.engine.speedups import LoopPhases
 from workbench.engine.state import LoopState, LossWindow, evaluate
 from workbench.measure import oom
-from workbench.measure.counters import (
-    SavedActivationCounter,
-    gradient_bytes,
-    optimizer_state_bytes,
-    parameter_bytes,
-)
+from workbench.measure.counters import SavedActivationCounter, gradient_bytes, optimizer_state_bytes, parameter_bytes
 from workbench.measure.flops import FlopCounter
 from workbench.measure.meters import MemoryMeter
 from workbench.measure.records import Sink
 from workbench.measure.result import RunResult
+from workbench.switches import attention, checkpointing, compiling, data_loading, optimizer, precision, qat, sharding, trainable
 
 
 def _batches(accelerator, loader: Iterable, position: resume.DataPosition) -> Iterator[dict]:
@@ -72,8 +59,12 @@ def _batches(accelerator, loader: Iterable, position: resume.DataPosition) -> It
         position.epoch, position.batches_in_epoch = position.epoch + 1, 0
 
 
-def _checked(sinks: Iterable[Sink], name: str | None) -> list[Sink]:
-    """The sinks, each able to hear a run (checked before anything is loaded), and the name."""
+def _checked(config: RunConfig, sinks: Iterable[Sink], name: str | None) -> tuple[RunConfig, list[Sink], str]:
+    """The resolved config, the sinks (each able to hear a run) and the run's name, checked
+    before anything is loaded."""
+    if not isinstance(config, RunConfig):
+        raise TypeError(f"config must be a RunConfig, got {type(config).__name__}; pass e.g. RunConfig(model='mlp')")
+    cfg = config.resolved()
     if name is not None and not isinstance(name, str):
         raise TypeError(f"name must be text, got {type(name).__name__} {name!r}; pass e.g. name='baseline'")
     if isinstance(sinks, (str, bytes)) or not isinstance(sinks, Iterable):
@@ -83,7 +74,43 @@ def _checked(sinks: Iterable[Sink], name: str | None) -> list[Sink]:
         if missing := [m for m in ("start", "log", "end") if not callable(getattr(sink, m, None))]:
             raise TypeError(f"sinks[{i}] ({type(sink).__name__}) has no {', '.join(missing)} method; a sink needs "
                             "start(), log() and end() (see workbench.measure.records.Sink)")
-    return sinks
+    return cfg, sinks, name or f"{custom.model_name(cfg.model)} {cfg.precision} b{cfg.batch_size}"
+
+
+@dataclasses.dataclass(eq=False)
+class _Run:
+    """One run as `run()` builds it: what the loop trains with, and what it measures into."""
+
+    cfg: RunConfig
+    accelerator: Any
+    meter: MemoryMeter
+    state: LoopState  # the run's recorder: what it measured, the records the sinks hear, the result
+    wall_start: float = dataclasses.field(default_factory=time.perf_counter)
+    model: Any = None  # the prepared model: evaluation, saving, the result (the loop may train a compiled one)
+    optimizer: Any = None
+    status, message, eval_loss, accuracy, result = "ok", "", None, None, None  # how it ended: set by _ending
+
+    @classmethod
+    def begin(cls, cfg: RunConfig, name: str, sinks: list[Sink]) -> _Run:
+        """The Accelerator (precision, accumulation and data loading act through it), the memory
+        meter and the peak FLOP/s; no data and no model yet."""
+        accelerator = make_accelerator(cfg)
+        # MFU against the peak the matmuls can reach: with TF32 allowed, fp32 matmuls run on tensor cores.
+        with compiling.tf32_matmuls(cfg.tf32):
+            peak, source = hardware.peak_flops(accelerator.device.type, cfg.precision)
+        meter = MemoryMeter(accelerator.device)
+        state = LoopState(name=name, total_steps=cfg.steps, log_every=cfg.log_every, sinks=sinks, meter=meter,
+                          device=accelerator.device.type, peak=peak, peak_source=source,
+                          rank=accelerator.process_index, num_processes=accelerator.num_processes)
+        r = cls(cfg, accelerator, meter, state)
+        if r.meter.on_cuda:  # before this run allocates anything: what is there is someone else's
+            r.state.held_before_bytes = r.meter.current_bytes()
+        return r
+
+    def build_result(self) -> RunResult:
+        return self.state.result(config=self.cfg, status=self.status, message=self.message, eval_loss=self.eval_loss,
+                                 accuracy=self.accuracy, optimizer=self.optimizer, wall_s=time.perf_counter() - self.wall_start,
+                                 model=self.model if self.optimizer is not None else None)  # no breakdown before the optimizer
 
 
 def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = None,
@@ -107,140 +134,119 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
         >>> result.status, len(result.losses) > 0
         ('ok', True)
     """
-    from workbench.core.data import build_dataloader
-    from workbench.core.models import (
-        build_model,
-        set_activation_checkpointing,
-        set_attention,
-    )
+    from workbench.core.models import build_model
     from workbench.planner.fit import check_fits
 
-    if not isinstance(config, RunConfig):
-        raise TypeError(f"config must be a RunConfig, got {type(config).__name__}; pass e.g. RunConfig(model='mlp')")
-    cfg = config.resolved()
-    sinks = _checked(sinks, name)
-    name = name or f"{custom.model_name(cfg.model)} {cfg.precision} b{cfg.batch_size}"
+    cfg, sinks, name = _checked(config, sinks, name)
     check_fits(cfg)  # resources: refused with the estimate and the fix, before anything is allocated
-
-    wall_start = time.perf_counter()
-    accelerator = make_accelerator(cfg)
-    if config.epochs is not None and accelerator.num_processes > 1:
+    r = _Run.begin(cfg, name, sinks)
+    if config.epochs is not None and r.accelerator.num_processes > 1:
         # An epoch is one pass over the data by all processes together (resolved() counted one).
-        cfg = dataclasses.replace(cfg, steps=max(1, -(-cfg.steps // accelerator.num_processes)))
-    device = accelerator.device
-    meter = MemoryMeter(device)
-    # MFU against the peak the matmuls can reach: with TF32 allowed, fp32 matmuls run on tensor cores.
-    with tf32_matmuls(cfg.tf32):
-        peak, peak_source = hardware.peak_flops(device.type, cfg.precision)
-    state = LoopState(name=name, total_steps=cfg.steps, log_every=cfg.log_every, sinks=sinks, meter=meter,
-                      device=device.type, peak=peak, peak_source=peak_source, rank=accelerator.process_index,
-                      num_processes=accelerator.num_processes)  # the run's recorder
-    if meter.on_cuda:  # before this run allocates anything: what is there is someone else's
-        state.held_before_bytes = meter.current_bytes()
-    model = optimizer = None
-    status, message, eval_loss, accuracy = "ok", "", None, None
+        r.cfg = cfg = dataclasses.replace(cfg, steps=max(1, -(-cfg.steps // r.accelerator.num_processes)))
+        r.state.total_steps = cfg.steps
+    with _ending(r):  # Ctrl-C, divergence, out of memory: a status; any other error: 'failed', raised
+        checkpoint = _check_saving(r)
+        bundle = custom.load_bundle(cfg)  # a built-in set, or your dataset (batches in the contract)
+        r.state.text = bundle.tokens_per_sample is not None  # token ids in: tokens/s is shown
+        # Every arm of a comparison starts from the same weights (seeded as they are drawn). Your own
+        # module: a deep copy trains (yours stays as it is), its forward checked on two samples first.
+        r.model = model = (build_model(cfg.model, data=bundle, dims=cfg.dims, seed=cfg.seed)
+                           if isinstance(cfg.model, str) else custom.checked_copy(cfg.model, bundle, seed=cfg.seed))
+        # The switches that convert the model, in this order (each a module of workbench/switches):
+        model = checkpointing.apply(model, cfg)  # technique: checkpointing (recompute blocks in backward)
+        model = attention.apply(model, cfg)  # technique: fused attention ('sdpa': F.scaled_dot_product_attention)
+        model = trainable.apply(model, cfg)  # technique: train fewer parameters (freeze=, lora_rank=)
+        model = qat.apply(model, cfg)  # technique: QAT (Linear layers fake-quantize in forward)
+        model = sharding.apply(model, cfg)  # technique: sharding (each process keeps ~1/N of the state)
+        r.model, r.optimizer = model, optimizer.apply(model, cfg)  # technique: fused / foreach optimizer, over what trains
+        loader = data_loading.loader(bundle.train, cfg, bundle.collate_fn)  # technique: input pipeline
+        # prepare() moves the model and wraps its forward in autocast for fp16/bf16 (technique: precision).
+        r.model, r.optimizer = sharding.prepare(r.accelerator, model, r.optimizer, cfg)
+        # Each process gets its share of the batches, left on the host: the loop times the fetch
+        # alone, then copies the batch to the device itself (why: _train).
+        loader = r.accelerator.prepare_data_loader(loader, device_placement=False)
+        if checkpoint:  # technique: save and resume. Model, optimizer, RNGs, data position, curve
+            resume.restore(r.accelerator, checkpoint, r.state, loader)
+        if cfg.save_state_dir:  # before step 1: room on the disk for every save
+            resume.check_room(r.accelerator, cfg, r.state, r.model)
+        # technique: torch.compile. The loop trains the compiled module (the first step compiles);
+        # evaluation, saving and the result use the plain one, which holds the same parameters.
+        trained = compiling.compile_model(r.model, cfg.compile)
+        _tell_start(r, checkpoint)
+        with compiling.tf32_matmuls(cfg.tf32):  # technique: TF32 (CUDA fp32 matmuls on tensor cores), training only
+            _train(r, trained, loader)
+        r.state.train_peak_bytes = r.meter.peak_bytes()  # the steps' peak, before evaluation's
+        if cfg.eval_samples:
+            with sharding.whole(r.model, cfg):
+                r.eval_loss, r.accuracy = evaluate(r.accelerator, r.model, bundle.test, cfg, collate_fn=bundle.collate_fn)
+    return _finish(r, keep_model)
 
-    def result_now() -> RunResult:
-        return state.result(config=cfg, status=status, message=message, eval_loss=eval_loss, accuracy=accuracy,
-                            model=model if optimizer is not None else None, optimizer=optimizer,
-                            wall_s=time.perf_counter() - wall_start)
 
+def _check_saving(r: _Run) -> Any:
+    """technique: save and resume. The checkpoint and the save folder are checked before anything
+    is loaded: a damaged file or another run's folder is named at once. The checkpoint, or None."""
+    checkpoint = resume.check(r.accelerator, r.cfg, r.state) if r.cfg.resume_from else None
+    if r.cfg.save_state_dir:
+        resume.check_folder(r.accelerator, r.cfg, r.state, from_step=checkpoint.step if checkpoint else 0)
+    return checkpoint
+
+
+def _tell_start(r: _Run, checkpoint: Any) -> None:
+    """Every sink hears the run start (the warnings: emulated precision, an inexact resume)."""
+    cfg, device = r.cfg, r.accelerator.device
+    notes = [hardware.emulation_warning(device.type, cfg.precision), *(checkpoint.notes if checkpoint else [])]
+    r.state.start(precision=cfg.precision, config=cfg.to_dict(), warnings=tuple(w for w in notes if w))
+
+
+@contextlib.contextmanager
+def _ending(r: _Run) -> Iterator[None]:
+    """How the run ended, as its status, and its result (`r.result`). Any other error: every sink
+    that started hears 'failed', the partial result is kept (`last_result()`), and it is raised."""
     try:
         try:
-            # technique: save and resume. The checkpoint and the save folder are checked before
-            # anything is loaded: a damaged file or another run's folder is named at once.
-            checkpoint = resume.check(accelerator, cfg, state) if cfg.resume_from else None
-            if cfg.save_state_dir:
-                resume.check_folder(accelerator, cfg, state, from_step=checkpoint.step if checkpoint else 0)
-            bundle = custom.load_bundle(cfg)  # a built-in set, or your dataset (batches in the contract)
-            state.text = bundle.tokens_per_sample is not None  # token ids in: tokens/s is shown
-            # Every arm of a comparison starts from the same weights (seeded as they are drawn). Your own
-            # module: a deep copy trains (yours stays as it is), its forward checked on two samples first.
-            model = (build_model(cfg.model, data=bundle, dims=cfg.dims, seed=cfg.seed) if isinstance(cfg.model, str)
-                     else custom.checked_copy(cfg.model, bundle, seed=cfg.seed))
-            set_activation_checkpointing(model, cfg.activation_checkpointing)  # technique: checkpointing
-            set_attention(model, cfg.attention)  # technique: fused attention ('sdpa': F.scaled_dot_product_attention)
-            # technique: train fewer parameters. A frozen parameter (freeze=, freeze_layers=) gets no
-            # gradient and no optimizer state; LoRA (lora_rank=) freezes them all and adds small adapters.
-            model = apply_trainable(model, cfg)
-            if cfg.qat != "none":  # technique: QAT. Linear layers now fake-quantize in forward
-                from workbench.engine.qat import prepare_qat
-
-                prepare_qat(model, bits=int(cfg.qat.removeprefix("int")))
-            sharded = cfg.sharding != "none"
-            if sharded:  # technique: sharding. Each process keeps ~1/N of parameters, gradients, optimizer state
-                model = shard_model(model)
-            # technique: fused / foreach optimizer (cfg.optimizer_impl). The trainable parameters only (the
-            # shards, when sharded).
-            optimizer = make_optimizer(model, cfg)
-            loader = build_dataloader(
-                bundle.train, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed,
-                num_workers=cfg.num_workers, pin_memory=cfg.pin_memory,  # technique: input pipeline
-                prefetch_factor=cfg.prefetch_factor, persistent_workers=cfg.persistent_workers,
-                collate_fn=bundle.collate_fn,
-            )
-            # prepare() moves the model and wraps its forward in autocast for fp16/bf16; the
-            # GradScaler that accelerator.backward uses for fp16 was made with the Accelerator.
-            if not sharded:
-                model, optimizer = accelerator.prepare(model, optimizer)
-            else:  # not the model: accelerate would wrap it in DDP as well (on CPU it ignores its FSDP plugin)
-                optimizer = accelerator.prepare(optimizer)
-            # Each process gets its share of the batches, left on the host: the loop times the fetch
-            # alone, then copies the batch to the device itself (why: _train).
-            loader = accelerator.prepare_data_loader(loader, device_placement=False)
-            if checkpoint:  # technique: save and resume. Model, optimizer, RNGs, data position, curve
-                resume.restore(accelerator, checkpoint, state, loader)
-            if cfg.save_state_dir:  # before step 1: room on the disk for every save
-                resume.check_room(accelerator, cfg, state, model)
-            # technique: torch.compile. The loop trains the compiled module (the first step compiles);
-            # evaluation, saving and the result use the plain one, which holds the same parameters, so
-            # evaluation's other batch size and no-grad mode compile nothing more.
-            trained = compile_model(model, cfg.compile)
-            notes = [hardware.emulation_warning(device.type, cfg.precision), *(checkpoint.notes if checkpoint else [])]
-            warnings = tuple(w for w in notes if w)  # a resume that cannot be exact says so here
-            state.start(precision=cfg.precision, config=cfg.to_dict(), warnings=warnings)
-            with tf32_matmuls(cfg.tf32):  # technique: TF32 (CUDA fp32 matmuls on tensor cores), training only
-                _train(cfg, accelerator, trained, optimizer, loader, state)
-            state.train_peak_bytes = meter.peak_bytes()  # the steps' peak, before evaluation's
-            if cfg.eval_samples:
-                with gathered(model) if sharded else nullcontext():  # sharded: whole weights, no collective per batch
-                    eval_loss, accuracy = evaluate(accelerator, model, bundle.test, cfg, collate_fn=bundle.collate_fn)
+            yield
         except KeyboardInterrupt:
-            status, message = "interrupted", f"stopped by the user at step {state.step}"
+            r.status, r.message = "interrupted", f"stopped by the user at step {r.state.step}"
         except Diverged as error:
-            status, message = "diverged", str(error)
+            r.status, r.message = "diverged", str(error)
         except (RuntimeError, MemoryError) as error:  # torch.OutOfMemoryError is a RuntimeError
             if not oom.is_out_of_memory(error):
                 raise
-            status, message = "oom", oom.describe_out_of_memory(error)  # a real allocation failure or the budget
-        result = result_now()
+            r.status, r.message = "oom", oom.describe_out_of_memory(error)  # a real allocation failure or the budget
+        r.result = r.build_result()
     except BaseException as error:  # every sink that started hears how the run ended, whatever happened
-        status, message = "failed", f"{type(error).__name__}: {error}".splitlines()[0]
-        state.end(status, message)
-        keep_partial(result_now, error)
-        if model is not None:  # refused before building anything: nothing to free (a collection costs ~1 s)
-            free(accelerator)
+        r.status, r.message = "failed", f"{type(error).__name__}: {error}".splitlines()[0]
+        r.state.end("failed", r.message)
+        keep_partial(r.build_result, error)
+        if r.model is not None or r.optimizer is not None:  # refused before building anything: nothing to free
+            free(r.accelerator)
         raise
-    state.end(status, message, summary=result.summary())  # an OOM or Ctrl-C while setting up: no sink started
+
+
+def _finish(r: _Run, keep_model: bool) -> RunResult:
+    """The sinks hear the end; the result is remembered and returned (or raised, interrupted)."""
+    result = r.result
+    # An out-of-memory or Ctrl-C while setting up ends it before the sinks start: none hears the end.
+    r.state.end(r.status, r.message, summary=result.summary())
     remember(result)
-    if status != "ok":
-        free(accelerator)
-        if status == "interrupted":
+    if r.status != "ok":
+        free(r.accelerator)
+        if r.status == "interrupted":
             raise RunInterrupted(result)
         return result
-    plain = accelerator.unwrap_model(model, keep_fp32_wrapper=False)
-    untangle(model, plain, optimizer)
+    plain = r.accelerator.unwrap_model(r.model, keep_fp32_wrapper=False)
+    untangle(r.model, plain, r.optimizer)
     if keep_model:
         result = dataclasses.replace(result, model=plain.eval())
         remember(result)
     return result
 
 
-def _train(cfg, accelerator, model, optimizer, loader, state) -> None:
-    """Fetch, forward, backward, step; at log steps measure, and tell the sinks (the recorder, `state`)."""
+def _train(r: _Run, model: Any, loader: Any) -> None:
+    """Fetch, forward, backward, step; at log steps measure, and tell the sinks."""
     from accelerate.utils import send_to_device
 
-    text = state.text
+    cfg, accelerator, state, optimizer = r.cfg, r.accelerator, r.state, r.optimizer
     on_accelerator = accelerator.device.type != "cpu"
     model.train()
     state.begin()  # the memory peak and the clock from here on are this run's
@@ -254,7 +260,7 @@ def _train(cfg, accelerator, model, optimizer, loader, state) -> None:
         phases.enter("data")
         fetch_start = time.perf_counter()
         batch = next(batches)
-        timing.add(samples=len(batch["labels"]), tokens=batch["inputs"].numel() if text else None,
+        timing.add(samples=len(batch["labels"]), tokens=batch["inputs"].numel() if state.text else None,
                    wait_s=time.perf_counter() - fetch_start)
         # The copy to a GPU is not waiting for data: from pageable memory it is queued behind the
         # GPU's work so far and blocks the host until that is done. Timed as the data wait, it
@@ -266,7 +272,6 @@ def _train(cfg, accelerator, model, optimizer, loader, state) -> None:
         # technique: gradient accumulation. Inside accumulate(), backward() divides the loss by
         # grad_accum_steps and optimizer.step() only acts (and DDP only all-reduces) on the last
         # micro-batch of each window.
-        phases.enter("forward")
         with accelerator.accumulate(model):
             with FlopCounter() if probe else nullcontext() as flops:
                 with SavedActivationCounter(model) if probe else nullcontext() as saved:
@@ -292,27 +297,36 @@ def _train(cfg, accelerator, model, optimizer, loader, state) -> None:
         if not accelerator.sync_gradients:
             continue
         log_step = state.end_step(sync=loss.item)  # the probe: kept, not timed (loss.item() syncs)
-        if probe and cfg.memory_budget_bytes is not None:
-            # A simulated device memory (a CPU has none to run out of): the exact counts of this
-            # step against the budget; over it, the torch.OutOfMemoryError a GPU raises.
-            oom.check_budget(cfg.memory_budget_bytes, activation_bytes=state.activation_bytes or 0,
-                             model_state_bytes=parameter_bytes(model) + gradient_bytes(model, expected=True)
-                             + optimizer_state_bytes(optimizer))
+        if probe:
+            _check_budget(r, model)
         if not log_step:
             continue
-        # Log step: the only device sync in the loop (close() reads the window's figures once).
-        # Data parallel: every process's figures, so the loss is the whole global batch's.
-        window_loss, finite, first_bad = window.close(accelerator.gather if accelerator.num_processes > 1 else None)
-        if first_bad is not None and (cfg.precision != "fp16" or not finite):
-            # A non-finite loss has poisoned the weights (fp32, bf16: the step applied it). In fp16
-            # the GradScaler skips such steps, so only a window with no finite loss at all stops it.
-            raise Diverged(diverged_message(cfg, window_start + first_bad // cfg.grad_accum_steps, state.step))
-        window_start = state.step + 1
-        phases.enter("log")
-        # fp16: the loss is the mean of the finite losses (skipped steps left out); the scale, the GradScaler's now
-        state.log(window_loss, lr=optimizer.param_groups[0]["lr"], loss_scale=loss_scale(accelerator))
-        if cfg.save_state_dir and (state.step % (cfg.save_every or cfg.steps) == 0 or state.step == cfg.steps):
-            resume.save(accelerator, cfg, state)  # technique: save and resume (at log steps: windows line up)
+        window_start = _log_step(r, window, window_start, phases=phases)
         state.restart_clock()  # the sinks' time and a save's are not a step's
     phases.close()
 
+
+def _check_budget(r: _Run, model: Any) -> None:
+    """After the first optimizer step: the simulated memory budget."""
+    if r.cfg.memory_budget_bytes is not None:
+        # A simulated device memory (a CPU has none to run out of): the exact counts of this
+        # step against the budget; over it, the torch.OutOfMemoryError a GPU raises.
+        oom.check_budget(r.cfg.memory_budget_bytes, activation_bytes=r.state.activation_bytes or 0,
+                         model_state_bytes=parameter_bytes(model) + gradient_bytes(model, expected=True)
+                         + optimizer_state_bytes(r.optimizer))
+
+
+def _log_step(r: _Run, window: LossWindow, window_start: int, *, phases: LoopPhases) -> int:
+    """A log step: the only device sync in the loop (close() reads the window's figures once).
+    Data parallel: every process's figures, so the loss is the whole global batch's. Returns
+    the step the next window starts at."""
+    cfg, state, accelerator = r.cfg, r.state, r.accelerator
+    window_loss, finite, first_bad = window.close(accelerator.gather if accelerator.num_processes > 1 else None)
+    if first_bad is not None and precision.stops_on(cfg.precision, finite):
+        raise Diverged(diverged_message(cfg, window_start + first_bad // cfg.grad_accum_steps, state.step))
+    phases.enter("log")
+    # fp16: the loss is the mean of the finite losses (skipped steps left out); the scale, the GradScaler's now
+    state.log(window_loss, lr=r.optimizer.param_groups[0]["lr"], loss_scale=precision.loss_scale(accelerator))
+    if cfg.save_state_dir and (state.step % (cfg.save_every or cfg.steps) == 0 or state.step == cfg.steps):
+        resume.save(accelerator, cfg, state)  # technique: save and resume (at log steps: windows line up)
+    return state.step + 1

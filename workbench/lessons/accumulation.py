@@ -1,33 +1,15 @@
-"""Gradient accumulation, checked: k micro-batches of b against one batch of k·b.
+"""Notebook 02, gradient accumulation: the checks and pitfalls its cells call.
 
-Each function runs a few steps outside `run()` and returns a small table (`Rows`) of
-what it measured, so a notebook shows the evidence without pasting a loop:
-
-- `accumulation_check`: one batch of k·b against k micro-batches of b, with the manual
-  loop (loss / k), with `accelerator.accumulate`, and with the loss left undivided;
+- `accumulation_check`: one batch of k·b against k micro-batches of b (manual loss / k,
+  `accelerator.accumulate`, and the loss left undivided);
 - `window_peak`: the peak memory of one window (it follows the micro-batch);
-- `padding_check`: token-level losses with padding, per-micro-batch means against the
-  per-token mean, and the fix (sum over tokens / tokens in the whole window);
-- `effective_batch_table`: micro-batch × accumulation × processes, worked out.
+- `padded_labels`: token labels cut to random lengths, for the token-count pitfall;
+- `claim_rows`: the notebook's claims against what it measured (asserting what must hold);
+- the other pitfalls, each measured: `batchnorm_check`, `lr_schedule_check`,
+  `partial_window_check`, `stepping_check`, `allreduce_check`;
+- `effective_batch`: micro-batch × accumulation steps × processes.
 
-The other pitfalls (BatchNorm, schedules, short windows, double gating, DDP all-reduce)
-are in `accumulation_pitfalls.py`.
-
-Example:
-    >>> probe = make_probe(RunConfig(model="gpt"), samples=16)   # doctest: +SKIP
-    >>> accumulation_check(probe, accum_steps=4)                  # doctest: +SKIP
-
-The ways gradient accumulation stops equalling one big batch, each measured.
-
-Companions to `accumulation.py` (which shows the equality and the padding-token fix):
-
-- `batchnorm_check`: BatchNorm sees the micro-batch, LayerNorm does not;
-- `lr_schedule_check`: schedulers count optimizer steps, not micro-batches;
-- `partial_window_check`: the last, short window of an epoch under accelerate;
-- `stepping_check`: gating `optimizer.step()` by hand inside `accelerator.accumulate`;
-- `allreduce_check`: under DDP, `no_sync` skips the all-reduce on non-final micro-batches.
-
-Each runs a few tiny steps and returns an `accumulation.Rows` table.
+Each check runs a few steps outside `run()` and returns a small table (`Rows`).
 
 Example:
     >>> partial_window_check(micro_batches=10, accum_steps=4).value(3, "gradient (accelerate: / k)")
@@ -36,29 +18,23 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 import torch
-import torch.nn.functional as F
+from accelerate import Accelerator
+from torch import nn
 from workbench.core.models import loss_fn
 from workbench.core.report import Table
 from workbench.engine.accelerator import make_accelerator
-from workbench.measure.probe import (
-    PeakReading,
-    Probe,
-    gradients,
-    max_relative_difference,
-    step_peak,
-)
-import contextlib
-from accelerate import Accelerator
-from torch import nn
-from workbench.measure.probe import Probe, gradients, max_relative_difference
+# make_probe, gradients, max_relative_difference: re-exported for the notebook's own cells
+from workbench.measure.probe import PeakReading, Probe, gradients, make_probe, max_relative_difference, step_peak
+from workbench.views.figures_accumulation import memory_timeline_figure  # re-exported for the notebook
 
 
-__all__ = ["Rows", "accumulation_check", "window_peak", "padding_check", "padded_labels", "token_loss_sum",
-           "effective_batch", "effective_batch_table"]
+__all__ = ["Rows", "accumulation_check", "window_peak", "padded_labels", "claim_rows", "effective_batch",
+           "make_probe", "gradients", "max_relative_difference", "memory_timeline_figure"]
 
 
 @dataclass(frozen=True)
@@ -149,23 +125,18 @@ def accumulation_check(probe: Probe, *, accum_steps: int) -> Rows:
     if len(seen) != 1:
         raise AssertionError(f"accelerate stepped {len(seen)} times in one window of {k}; expected 1")
 
-    header = ("method", "max relative difference", "optimizer steps", "gradient norm / reference")
     ref_norm = torch.stack([g.norm() for g in reference]).norm().item()
 
     def row(name: str, grads: list[torch.Tensor], steps: int) -> tuple:
         norm = torch.stack([g.norm() for g in grads]).norm().item()
         return (name, max_relative_difference(grads, reference), steps, norm / ref_norm)
 
-    return Rows(
-        title=f"{k} micro-batches of {n // k} against one batch of {n} (fp32)",
-        header=header,
-        rows=(
-            row(f"one batch of {n} (reference)", reference, 1),
-            row(f"manual: loss / {k}, backward per micro-batch", manual(True), 1),
-            row("accelerate: accumulate() + backward()", seen[0], len(seen)),
-            row("pitfall: loss not divided", manual(False), 1),
-        ),
-    )
+    return Rows(title=f"{k} micro-batches of {n // k} against one batch of {n} (fp32)",
+                header=("method", "max relative difference", "optimizer steps", "gradient norm / reference"),
+                rows=(row(f"one batch of {n} (reference)", reference, 1),
+                      row(f"manual: loss / {k}, backward per micro-batch", manual(True), 1),
+                      row("accelerate: accumulate() + backward()", seen[0], len(seen)),
+                      row("pitfall: loss not divided", manual(False), 1)))
 
 
 def window_peak(probe: Probe, *, micro_batch: int, accum_steps: int) -> PeakReading:
@@ -186,11 +157,6 @@ def window_peak(probe: Probe, *, micro_batch: int, accum_steps: int) -> PeakRead
     return step_peak(window, track=[model], device=probe.inputs.device)
 
 
-def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Summed cross-entropy over the labelled tokens (label -100 is padding: skipped)."""
-    return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=-100, reduction="sum")
-
-
 def padded_labels(labels: torch.Tensor, *, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Labels with each sequence cut to a random length (the rest -100, i.e. padding), sorted
     longest first, as a length-grouping sampler would batch them. Returns (labels, lengths)."""
@@ -199,71 +165,6 @@ def padded_labels(labels: torch.Tensor, *, seed: int = 0) -> tuple[torch.Tensor,
     lengths = torch.randint(max(1, T // 16), T + 1, (labels.shape[0],), generator=g).sort(descending=True).values
     keep = torch.arange(T)[None, :] < lengths[:, None]
     return torch.where(keep.to(labels.device), labels, torch.full_like(labels, -100)), lengths
-
-
-def padding_check(probe: Probe, *, accum_steps: int, seed: int = 0) -> Rows:
-    """Token-level loss with padding, accumulated over k micro-batches.
-
-    Averaging per micro-batch and dividing by k weights every micro-batch equally, so a
-    token in a short micro-batch counts more than one in a long micro-batch: not the mean
-    over the window's tokens. The fix: sum the loss over tokens and divide by the number
-    of labelled tokens in the whole window (counted before the window starts; under data
-    parallel, summed over processes too). With accelerate, whose backward divides by k,
-    multiply that by k.
-    """
-    if probe.labels.dim() != 2:
-        raise ValueError("padding_check needs token-level labels (B, T): use model='gpt'")
-    k, n = accum_steps, len(probe.inputs)
-    check_accum_steps(k, n)
-    labels, _ = padded_labels(probe.labels, seed=seed)
-    xs, ys = probe.inputs.chunk(k), labels.chunk(k)
-    window_tokens = int((labels != -100).sum())
-    counts = [int((y != -100).sum()) for y in ys]
-
-    model = probe.new_model()
-    reference_loss = loss_fn(model(probe.inputs), labels)  # mean over every labelled token
-    reference_loss.backward()
-    reference = gradients(model)
-
-    def accumulate(per_micro_batch) -> tuple[list[torch.Tensor], float]:
-        model, total = probe.new_model(), 0.0
-        for x, y in zip(xs, ys):
-            loss = per_micro_batch(model(x), y)
-            loss.backward()
-            total += loss.item()
-        return gradients(model), total
-
-    naive, naive_loss = accumulate(lambda logits, y: loss_fn(logits, y) / k)
-    fixed, fixed_loss = accumulate(lambda logits, y: token_loss_sum(logits, y) / window_tokens)
-
-    accelerator = _fresh_accelerator(probe.config, k)
-    model = probe.new_model()
-    model = accelerator.prepare(model)
-    acc_loss = 0.0
-    for x, y in zip(xs, ys):
-        with accelerator.accumulate(model):
-            loss = token_loss_sum(model(x), y) / window_tokens * k  # backward divides by k again
-            accelerator.backward(loss)
-            acc_loss += loss.item() / k
-
-    header = ("method", "max relative difference", "window loss")
-    return Rows(
-        title=f"padded tokens: {k} micro-batches holding {counts} labelled tokens",
-        header=header,
-        rows=(
-            (f"one batch: mean over all {window_tokens} tokens (reference)", 0.0, reference_loss.item()),
-            (f"pitfall: mean per micro-batch, / {k}", max_relative_difference(naive, reference), naive_loss),
-            ("fix: token sum / tokens in the window", max_relative_difference(fixed, reference), fixed_loss),
-            (f"fix with accelerate: token sum / window tokens x {k}",
-             max_relative_difference(gradients(model), reference), acc_loss),
-        ),
-    )
-
-
-
-
-
-
 
 
 def effective_batch(micro_batch: int, accum_steps: int, processes: int = 1) -> int:
@@ -279,20 +180,37 @@ def effective_batch(micro_batch: int, accum_steps: int, processes: int = 1) -> i
     return micro_batch * accum_steps * processes
 
 
-def effective_batch_table(setups: Iterable[Sequence[int]], *, train_samples: int) -> Rows:
-    """Per (micro-batch, accumulation, processes): the effective batch, and what one epoch of
-    `train_samples` becomes (each process gets 1/processes of the data; partial micro-batches
-    dropped). A nonzero 'micro-batches left over' is a short last window (see
-    `accumulation_pitfalls.partial_window_check`)."""
-    rows = []
-    for setup in setups:
-        b, k, p = (*setup, 1)[:3]  # processes defaults to 1
-        per_process = train_samples // (b * p)
-        rows.append((b, k, p, effective_batch(b, k, p), per_process, per_process // k, per_process % k))
-    return Rows(title=f"effective batch, and one epoch of {train_samples:,} samples",
-                header=("micro-batch", "accumulation", "processes", "effective batch",
-                        "micro-batches per process", "optimizer steps", "micro-batches left over"),
-                rows=tuple(rows))
+def claim_rows(baseline, accumulated) -> list[tuple[str, str, str, str]]:
+    """The notebook's claims against this session's runs: `baseline` (one batch of k·b) and
+    `accumulated` (k micro-batches of b). Measures the gradients and the window peaks on the
+    baseline's first batch; raises AssertionError where what must hold does not."""
+    k, b = accumulated.config.grad_accum_steps, accumulated.config.batch_size
+    probe = make_probe(baseline.config, samples=k * b)
+    same = accumulation_check(probe, accum_steps=k)
+    manual, accel = (same.value(m, "max relative difference") for m in
+                     (f"manual: loss / {k}, backward per micro-batch", "accelerate: accumulate() + backward()"))
+    gap = max(abs(x - y) / abs(y) for x, y in zip(accumulated.losses, baseline.losses))
+    assert max(manual, accel) <= 1e-5 and gap <= 1e-2, f"accumulation should equal one batch: {manual}, {accel}, {gap}"
+    saved = accumulated.memory.activation_bytes / baseline.memory.activation_bytes
+    big, window = (window_peak(probe, micro_batch=m, accum_steps=n) for m, n in ((k * b, 1), (b, k)))
+    assert saved * k < 1.01 and window.bytes < 0.6 * big.bytes, "memory should follow the micro-batch"
+    assert accumulated.flops_per_step == baseline.flops_per_step, "the same FLOPs per optimizer step"
+    gated = stepping_check(micro_batches=3 * k, accum_steps=k).rows[1][2]  # steps taken, gated by hand
+    assert gated == 0
+    return [
+        ("k micro-batches with loss / k give the gradient of one batch of k·b", "seed 004 §4.1",
+         f"gradients {max(manual, accel):.1e} from one batch's (manual, accelerate); loss curves {gap:.1e} apart",
+         "holds: to float rounding"),
+        ("total batch = per-device batch x accumulation steps x GPUs", "seed 000 §5.1",
+         f"{b} x {k}: the FLOPs of one batch of {k * b} per optimizer step, exactly",
+         "holds in part: one process here (notebook 06 adds processes)"),
+        ("accumulation saves memory", "seed 004 §4.1, seed 000 §5.1",
+         f"saved activations x{saved:.2f} (exact); window peak x{window.bytes / big.bytes:.2f} ({window.kind})",
+         "holds: memory follows the micro-batch"),
+        ("`if i % k == 0: optimizer.step()` inside `accumulate()`", "seed 003 §5.1",
+         f"{gated} optimizer steps in {3 * k} micro-batches", "does not hold here: it never steps; drop the if"),
+    ]
+
 
 __all__ += ["batchnorm_check", "lr_schedule_check", "partial_window_check", "stepping_check", "allreduce_check"]
 

@@ -90,7 +90,7 @@ def agree(by_hand: Any, result: Any, *, loss_rtol: float | None = None, extra: d
 VERDICTS = ("holds", "holds in part", "does not hold here", "not shown here")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)  # repr: Report's text table, what a text/plain output shows
 class Claims(Report):
     """A notebook's claims against what this machine measured: one row per claim."""
 

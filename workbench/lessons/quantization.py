@@ -9,12 +9,11 @@ available to compare against. What each path is, and where it is fast:
 * `dynamic_int8(model)` / `weight_intx(model, bits=4)`: the current API, torchao `quantize_`
   with `Int8DynamicActivationInt8WeightConfig` / `Int8DynamicActivationIntxWeightConfig`.
   Its kernels target GPUs; on a CPU in eager mode measure before you believe a speed-up.
-* `static_int8(model, calibration)`: static PTQ through torch.export + torchao's pt2e
-  (`prepare_pt2e` inserts observers, calibration batches set activation ranges,
-  `convert_pt2e` freezes int8 weights). In eager mode the result runs reference
-  quantize/dequantize ops: accuracy is real, speed needs torch.compile (inductor) lowering.
-* `prepare_qat` / `convert_qat`: torchao QAT. `RunConfig(qat="int4")` calls `prepare_qat`
-  inside the training loop; convert the trained model afterwards.
+* static PTQ through torch.export + torchao's pt2e is written by hand in notebook 05;
+  `per_tensor_weights` and `activation_scales` serve its knobs. In eager mode the result runs
+  reference quantize/dequantize ops: accuracy is real, speed needs torch.compile lowering.
+* `convert_qat`: torchao QAT's convert step. `RunConfig(qat="int4")` prepares the model inside
+  the training loop; convert the trained model afterwards.
 
 Only `nn.Linear` layers are quantized (embeddings and norms stay fp32). torchao is optional
 (the `quantization` extra) and imported only when a function needs it, with its
@@ -49,11 +48,13 @@ Example:
 from __future__ import annotations
 
 import copy
+import logging
 import warnings
-from collections.abc import Iterable
 from typing import Any
 import torch
 from torch import nn
+from workbench.core.hardware import int8_kernels, int8_speedup_expected
+from workbench.core.models import unavailable_reason  # noqa: F401  (the notebook's names, in one place)
 from workbench.core.torchao_support import (
     config_by_name,
     first_line,
@@ -69,9 +70,26 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from workbench.core.report import Results, Table, format_bytes
+from workbench.measure.contention import interleaved_speedup
+from workbench.views.figures_memory import weight_grid  # noqa: F401
 
 
 BACKENDS = ("torchao", "torch.ao")
+
+
+def _not_enum_notice(record: logging.LogRecord) -> bool:
+    return "is an Enum subclass and is now natively supported" not in record.getMessage()
+
+
+def load_torchao() -> None:
+    """Import the torchao modules the notebook uses, once, quietly: on a CPU machine torchao
+    logs that its CUDA-only extensions are missing, and pt2e trips a torch.jit deprecation
+    notice. QAT's first prepare registers an Enum with torch's pytree, which logs a warning
+    about torch's own API (not the learner's code): that one message is filtered out."""
+    logging.getLogger("torch.utils._pytree").addFilter(_not_enum_notice)
+    for module in ("torchao.quantization", "torchao.quantization.qat", "torchao.quantization.pt2e.quantize_pt2e",
+                   "torchao.quantization.pt2e.quantizer.x86_inductor_quantizer"):
+        import_torchao(module)
 
 def _copy(model: nn.Module) -> nn.Module:
     require_linear(model)
@@ -151,56 +169,19 @@ def convert_qat(model: nn.Module, *, bits: int) -> nn.Module:
     return quantize_with(model, qat.QATConfig(intx_config(bits), step="convert"))
 
 
-def static_int8(model: nn.Module, calibration: Iterable[torch.Tensor] | torch.Tensor, *,
-                per_channel: bool = True) -> nn.Module:
-    """Static INT8 PTQ through torch.export and torchao pt2e (x86 quantizer).
-
-    `calibration`: input batches run through the observed model to fix activation ranges.
-    per_channel=False gives each weight matrix one scale instead of one per output row.
-    """
-    batches = [calibration] if isinstance(calibration, torch.Tensor) else list(calibration)
-    if not batches or not all(isinstance(b, torch.Tensor) and b.numel() for b in batches):
-        raise ValueError("calibration must be a non-empty tensor or list of input tensors, "
-                         "e.g. data.train.inputs[:64]")
-    pt2e = import_torchao("torchao.quantization.pt2e.quantize_pt2e")
-    x86 = import_torchao("torchao.quantization.pt2e.quantizer.x86_inductor_quantizer")
-    quantized = _copy(model).cpu()
-    try:  # eagerly first: a wrong shape is one line here, not a trace from inside torch.export
-        with torch.no_grad():
-            quantized(batches[0][:1].cpu())
-    except (RuntimeError, TypeError, ValueError, IndexError) as error:
-        shape = tuple(batches[0].shape)
-        raise ValueError(f"calibration batches must be inputs the model takes: a batch of shape {shape} fails "
-                         f"({first_line(error)}); pass e.g. data.train.inputs[:64]") from None
-    # Export with a batch of 2: a batch of 1 would let export specialise the batch size to 1.
-    example = batches[0][:1].expand(2, *batches[0].shape[1:])
-    batch = torch.export.Dim("batch", min=1)
-    with quiet_torchao_logs():
-        exported = torch.export.export(quantized, (example,), dynamic_shapes=({0: batch},)).module()
-        config = x86.get_default_x86_inductor_quantization_config()
-        if not per_channel:
-            config = _per_tensor_weights(config)
-        observed = pt2e.prepare_pt2e(exported, x86.X86InductorQuantizer().set_global(config))
-        with torch.no_grad():
-            for b in batches:
-                observed(b)  # observers record activation ranges; nothing is learned
-        converted = pt2e.convert_pt2e(observed)
-    # Exported graphs refuse .eval()/.train(); this makes them no-ops, as for any eval model.
-    return import_torchao("torchao.quantization.pt2e").allow_exported_model_train_eval(converted)
-
-
 def activation_scales(model: nn.Module) -> list[float]:
-    """The fixed activation scales a static_int8 model computes with, in graph order: what
+    """The fixed activation scales a pt2e-converted model computes with, in graph order: what
     calibration chose (one real number per integer step of each quantized activation)."""
     if not isinstance(model, torch.fx.GraphModule):
-        raise ValueError(f"activation_scales needs a static_int8() model, got {type(model).__name__}")
+        raise ValueError(f"activation_scales needs a model converted by convert_pt2e, got {type(model).__name__}")
     return [float(n.args[1]) for n in model.graph.nodes
             if n.op == "call_function" and "quantize_per_tensor" in str(n.target)
             and "dequantize" not in str(n.target) and isinstance(n.args[1], float)]
 
 
-def _per_tensor_weights(config: Any) -> Any:
-    """The x86 default config with one symmetric scale per weight tensor."""
+def per_tensor_weights(config: Any) -> Any:
+    """A pt2e quantization config (e.g. the x86 default) with one symmetric scale per weight
+    tensor instead of one per output row."""
     import dataclasses
 
     observer = import_torchao("torchao.quantization.pt2e").MinMaxObserver
@@ -478,3 +459,62 @@ def quant_figure(results: Sequence[QuantResult]):
 def compare_quantized(results: Sequence[QuantResult]) -> QuantComparison:
     """Lay quantized variants side by side; the first is the baseline for ratios."""
     return QuantComparison(results)
+
+
+def claims_rows(fp32: QuantResult, dynamic: QuantResult, static: QuantResult, ptq: QuantResult, qat: QuantResult,
+                speeds: dict[str, Any], *, minilm: Sequence[QuantResult] = (),
+                trained: bool = True) -> list[tuple[str, str, str, str]]:
+    """The notebook's claims, read from its measurements (rows for `wb.claims`).
+
+    `speeds`: model name -> `interleaved_speedup` of torch.ao's dynamic INT8 against fp32.
+    `minilm`: (fp32, torchao int8, torch.ao int8) on the reviews, where MiniLM is installed.
+    Asserts what is a property of the method, not of a busy machine: torch.ao's speed-up on a
+    CPU with VNNI and a free core; accuracy bounds only when the models were trained
+    (`trained`; a capped run's answers sit on the decision boundary, where rounding flips them).
+    """
+    seed = "seed 004 §3 (docs/SOURCES.md)"
+    kernels, vnni = int8_kernels(), int8_speedup_expected("cpu")
+    for name, s in speeds.items():
+        if vnni and s.core.free and s.ratio < 1.5:
+            raise AssertionError(f"dynamic INT8 should speed up the {name} on a CPU with VNNI: {s.ratio:.2f}x")
+    ratios = [s.ratio for s in speeds.values()]
+    speed_verdict = "holds" if min(ratios) >= 1.1 else "does not hold here" if max(ratios) <= 1 / 1.1 else "holds in part"
+    tao = [("MLP", fp32.latency_s / dynamic.latency_s)] + ([("MiniLM", minilm[0].latency_s / minilm[1].latency_s)]
+                                                          if minilm else [])
+    rows = [("dynamic INT8 speeds up inference", seed,
+             "torch.ao (fbgemm, " + kernels + "), interleaved with fp32: "
+             + ", ".join(f"{n} {s.ratio:.2f}x" for n, s in speeds.items()) + "; torchao quantize_ in CPU eager mode: "
+             + ", ".join(f"{n} {r:.2f}x" for n, r in tao),
+             f"{speed_verdict}: fp32's speed = 1.00x; int8 kernels "
+             f"on {kernels}" + (" (VNNI)" if vnni else " without VNNI, where int8 is not reliably faster")
+             + "; torchao's int8 kernels target GPUs")]
+    shrink = f"MLP file {fp32.size_bytes / dynamic.size_bytes:.2f}x smaller"
+    if minilm:
+        if minilm[2].linear_weight_bytes * 4 != minilm[0].linear_weight_bytes:
+            raise AssertionError("torch.ao's int8 Linear weights should be exactly 1/4 of fp32's")
+        shrink += (f"; MiniLM file {minilm[0].size_bytes / minilm[1].size_bytes:.2f}x, its Linear weights "
+                   f"{minilm[0].linear_weight_bytes / minilm[2].linear_weight_bytes:.0f}x (embeddings stay fp32)")
+    rows.append(("dynamic INT8 shrinks the model", seed, shrink,
+                 "holds: by as much as a model's bytes are Linear weights" if minilm else "holds"))
+    if minilm:
+        loss_tao, loss_ao = (-r.accuracy_change(minilm[0]) * 100 for r in minilm[1:])
+        if trained and (loss_tao > 1.5 or loss_ao > 3.0):
+            raise AssertionError(f"dynamic INT8 lost {loss_tao:.1f} (torchao) / {loss_ao:.1f} (torch.ao) points")
+        worst = max(loss_tao, loss_ao)
+        rows.append(("dynamic INT8 costs ~1-2% accuracy", seed,
+                     f"MiniLM, {minilm[0].samples} reviews: torchao {-loss_tao:+.1f} points, torch.ao {-loss_ao:+.1f}",
+                     ("holds" if worst <= 2 else "does not hold here") if trained
+                     else "not shown here: a capped run, too short to train the model"))
+    static_change = static.accuracy_change(fp32) * 100
+    rows.append(("static INT8 with calibrated activation ranges keeps accuracy", "Krishnamoorthi 2018",
+                 f"MLP, pt2e: {static_change:+.1f} points; {fp32.latency_s / static.latency_s:.2f}x fp32's speed "
+                 "in eager mode (reference quantize/dequantize ops)",
+                 "holds" if abs(static_change) <= 1 else "does not hold here"))
+    qat_loss = (fp32.accuracy - qat.accuracy) * 100
+    if trained and (qat.accuracy < ptq.accuracy or qat_loss > 1):
+        raise AssertionError(f"QAT int2 {qat.accuracy:.3f} vs PTQ {ptq.accuracy:.3f}, fp32 {fp32.accuracy:.3f}")
+    rows.append(("QAT's accuracy loss is usually under 0.5%", seed,
+                 f"MLP at int2 weights: fp32 {fp32.accuracy:.3f}, PTQ {ptq.accuracy:.3f}, QAT {qat.accuracy:.3f}",
+                 "holds" if qat_loss <= 0.5 else "holds in part: QAT recovers most of PTQ's loss, within a point"
+                 if qat_loss <= 1 else "does not hold here"))
+    return rows

@@ -48,6 +48,7 @@ from workbench.core.precisions import DTYPES
 from workbench.core.report import Report, counted_rows, format_bytes
 from workbench.planner import fakecuda, fakestate, fakestep
 from workbench.planner.fakemodel import ModuleKey, cannot_trace, fake_mode, own_spec_key
+from workbench.switches import accumulation, attention, checkpointing, sharding, trainable
 
 __all__ = ["Estimate", "accelerate_estimate", "estimate", "input_spec", "model_key"]
 
@@ -200,20 +201,6 @@ def _freeze(dims: dict[str, Any]) -> tuple:
     return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in dims.items()))
 
 
-def _groups(cfg: RunConfig) -> tuple[int, int, int]:
-    """(blocks per group, layers replayed, groups scaled in) for a GPT; (0, 0, 0) otherwise.
-
-    A group is one block, or under 'every_other' a checkpointed block and a plain one. Two
-    groups (and an odd block left over) are replayed; the groups between them are scaled in."""
-    if cfg.model != "gpt":
-        return 0, 0, 0
-    layers = cfg.dims.get("n_layer", 4)
-    size = 2 if cfg.activation_checkpointing == "every_other" else 1
-    replayed = min(layers, 2 * size + layers % size)
-    scaled = (layers - replayed) // size
-    return (size if scaled else 0), replayed, scaled
-
-
 def _peak(sim: fakestep.Simulation, scaled: int, micro_batches: int) -> tuple[int, str, int]:
     """(peak of the micro-batches, where it falls, live bytes after the last backward), with
     `scaled` more groups of blocks than the replay had."""
@@ -276,15 +263,16 @@ def estimate(config: RunConfig, *, vocab_size: int | None = None, device: str | 
     model = model_key(cfg)
     spec_key = _spec_key(input_spec(cfg, vocab_size=vocab_size), model)
     dims = _freeze(cfg.dims)
-    trainable = tuple(getattr(cfg, name) for name in fakestate.TRAINABLE_FIELDS)
-    shard = (processes, 0) if cfg.sharding != "none" else (1, 0)
-    group, replayed, scaled = _groups(cfg)
-    micro_batches = 2 if cfg.grad_accum_steps > 1 else 1
+    # What each switch adds to the replay (workbench/switches): what trains, the share of a
+    # sharded state, the groups of blocks checkpointing replays, the micro-batches accumulation does.
+    shard = sharding.replay_shard(cfg, processes)
+    group, replayed, scaled = checkpointing.replay_groups(cfg)
+    micro_batches = accumulation.replayed_micro_batches(cfg)
     try:
         state = fakestate.model_state(model, spec_key, dims, cfg.optimizer, float(cfg.weight_decay),
-                                     bool(cfg.max_grad_norm), device, trainable, shard)
-        if cfg.model == "gpt":  # the replayed layers, and how they compute attention (RunConfig.attention)
-            dims = _freeze({**cfg.dims, "n_layer": replayed, "attention": cfg.attention})
+                                     bool(cfg.max_grad_norm), device, trainable.replay_key(cfg), shard)
+        if cfg.model == "gpt":  # the replayed layers, and how they compute attention
+            dims = _freeze({**cfg.dims, "n_layer": replayed, **attention.replay_dims(cfg)})
         sim = fakestep.simulate(model, spec_key, dims, cfg.precision, cfg.activation_checkpointing,
                                 batch=cfg.batch_size, micro_batches=micro_batches, device=device, group=group)
     except Exception as error:

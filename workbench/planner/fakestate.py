@@ -26,8 +26,9 @@ from torch import nn
 from workbench.planner.fakecuda import device_bytes
 from workbench.planner.fakemodel import ModuleKey, fake_copy, fake_mode
 from workbench.measure.live import CUDA_BLOCK_BYTES, LiveTensors
+from workbench.switches.trainable import ALL_TRAIN, FIELDS
 
-__all__ = ["ALL_TRAIN", "TRAINABLE_FIELDS", "ModelState", "build", "model_state"]
+__all__ = ["ModelState", "build", "model_state"]
 
 
 def build(model_name: str | ModuleKey, spec_key: tuple, dims: tuple) -> nn.Module:
@@ -71,18 +72,13 @@ class ModelState(NamedTuple):
     """Parameters that train (freezing and LoRA leave the rest without gradient and state)."""
 
 
-# RunConfig fields that choose what trains (notebook 09), in this order in model_state's key.
-TRAINABLE_FIELDS = ("freeze", "freeze_layers", "lora_rank", "lora_targets", "lora_alpha")
-ALL_TRAIN = ("none", 0, 0, "attention", None)
-
-
 @functools.lru_cache(maxsize=64)
 def model_state(model_name: str, spec_key: tuple, dims: tuple, optimizer: str, weight_decay: float,
                 clip: bool, device: str, trainable: tuple = ALL_TRAIN, shard: tuple[int, int] = (1, 0)) -> ModelState:
     """Parameter, buffer, gradient and optimizer-state bytes of the full model, and its
     optimizer step's temporaries in steady state (the second step: the state exists).
 
-    `trainable`: the TRAINABLE_FIELDS values (freezing, LoRA) applied; `shard` = (processes,
+    `trainable`: the values of switches.trainable.FIELDS (freezing, LoRA) applied; `shard` = (processes,
     rank): the bytes that rank holds when the model state is sharded (sharding='full')."""
     from workbench.core.config import RunConfig
     from workbench.core.optim import make_optimizer
@@ -98,7 +94,7 @@ def model_state(model_name: str, spec_key: tuple, dims: tuple, optimizer: str, w
     foreach = device == "cuda"  # torch's default: foreach on CUDA tensors, per parameter on CPU ones
     with fake_mode():
         model = build(model_name, spec_key, dims)
-        every = _parameters_to_hold(model, SimpleNamespace(**dict(zip(TRAINABLE_FIELDS, trainable))))
+        every = _parameters_to_hold(model, SimpleNamespace(**dict(zip(FIELDS, trainable))))
         count = sum(p.numel() for p in every)  # LoRA's adapters included, as run() counts them
         trained = sum(p.numel() for p in every if p.requires_grad)
         processes, rank = shard

@@ -52,6 +52,7 @@ from workbench.planner.fakemodel import fake_mode, sample
 from workbench.planner.fakestate import build
 from workbench.measure.live import CUDA_BLOCK_BYTES, LiveTensors
 from workbench.measure.meters import LOSS_WINDOW_SLOTS
+from workbench.switches.checkpointing import set_activation_checkpointing
 
 __all__ = ["Mark", "Simulation", "StepOps", "simulate"]
 
@@ -190,7 +191,7 @@ def _replay(model_name: str, spec_key: tuple, dims: tuple, precision: str, check
     micro-batch number). `group` > 0 (GPT): the first two groups of `group` blocks marked too.
     """
     micro_batches = 2
-    from workbench.core.models import loss_fn, set_activation_checkpointing
+    from workbench.core.models import loss_fn
     from workbench.measure.counters import SavedActivationCounter
     from workbench.measure.flops import FlopCounter
 

@@ -39,6 +39,7 @@ from workbench.core.config import ConfigError, RunConfig
 from workbench.core.optim import OPTIMIZERS
 from workbench.core.report import Report, format_bytes
 from workbench.planner.estimate import Estimate, estimate
+from workbench.switches.checkpointing import CHOICES as CHECKPOINTING
 
 __all__ = ["Target", "Plan", "Plans", "plan", "explain"]
 
@@ -332,8 +333,8 @@ def plan(config: RunConfig, *, target: Target, effective_batch: int | None = Non
     if not gpt and set(checkpointing) != {"none"}:
         raise ValueError(f"checkpointing {checkpointing} needs a model with blocks; model={custom.shown_model(base.model)} "
                          f"takes checkpointing=('none',)")
-    if bad := [c for c in checkpointing if c not in ("none", "every_other", "all")]:
-        raise ValueError(f"checkpointing {bad} is not known; use some of 'none', 'every_other', 'all'")
+    if bad := [c for c in checkpointing if c not in CHECKPOINTING]:
+        raise ValueError(f"checkpointing {bad} is not known; use some of {', '.join(map(repr, CHECKPOINTING))}")
     optimizers = list(optimizers or (base.optimizer,))
     if bad := [o for o in optimizers if o not in OPTIMIZERS]:
         raise ValueError(f"optimizers {bad} are not known; use some of {list(OPTIMIZERS)}")

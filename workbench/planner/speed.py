@@ -90,11 +90,8 @@ class MeasuredHere:
         return cfg.grad_accum_steps * self._micro[micro] + self._optimizer[opt]
 
     def _time(self, cfg: Any, vocab_size: int | None, *, optimizer_step: bool) -> float:
-        from workbench.core.models import (
-            build_model,
-            loss_fn,
-            set_activation_checkpointing,
-        )
+        from workbench.core.models import build_model, loss_fn
+        from workbench.switches.checkpointing import set_activation_checkpointing
         from workbench.core.optim import make_optimizer
         from workbench.core.precisions import AUTOCAST_DTYPES
         from workbench.planner.estimate import input_spec

@@ -1,4 +1,5 @@
-"""Sharding the model state across processes: FSDP2's `fully_shard` (ZeRO stage 3).
+"""Sharding the model state across processes (`RunConfig.sharding`): FSDP2's `fully_shard`
+(ZeRO stage 3), a converter switch. The estimate counts one process's share (rank 0's).
 
 Data parallelism keeps a whole copy of the parameters, gradients and optimizer state in
 every process. `shard_model` splits each parameter along its first dimension across the N
@@ -23,10 +24,49 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 from torch import nn
 
-__all__ = ["shard_model", "gathered", "is_sharded"]
+from workbench.core.errors import ConfigError
+
+CHOICES = ("none", "full")
+"""The registry: 'none' (data parallel: every process holds the whole state) or 'full' (ZeRO stage 3)."""
+
+
+def check(r: dict[str, Any]) -> None:
+    """What the sharded loop does not wire (yet): said, rather than running something else."""
+    if r["sharding"] == "none":
+        return
+    if r["precision"] != "fp32":
+        raise ConfigError(f"sharding={r['sharding']!r} trains in fp32 here (FSDP2's MixedPrecisionPolicy is not "
+                          "wired in); use precision='fp32'")
+    for name, off in (("qat", "none"), ("save_state_dir", None), ("resume_from", None)):
+        if r[name] != off:
+            raise ConfigError(f"sharding={r['sharding']!r} does not support {name} yet; "
+                              f"pass {name}={off!r} or sharding='none'")
+
+
+def apply(model: nn.Module, cfg: Any) -> nn.Module:
+    return model if cfg.sharding == "none" else shard_model(model)
+
+
+def prepare(accelerator: Any, model: nn.Module, optimizer: Any, cfg: Any) -> tuple[nn.Module, Any]:
+    """accelerate's prepare(). Sharded: not the model, which accelerate would wrap in DDP as
+    well (on CPU it ignores its FSDP plugin)."""
+    if cfg.sharding == "none":
+        return accelerator.prepare(model, optimizer)
+    return model, accelerator.prepare(optimizer)
+
+
+def whole(model: nn.Module, cfg: Any) -> contextlib.AbstractContextManager:
+    """Evaluation's context: sharded, the whole weights gathered once (no collective per batch)."""
+    return gathered(model) if cfg.sharding != "none" else contextlib.nullcontext()
+
+
+def replay_shard(cfg: Any, processes: int) -> tuple[int, int]:
+    """(processes, rank) whose share of the model state the estimate counts."""
+    return (processes, 0) if cfg.sharding != "none" else (1, 0)
 
 
 def _base(model: nn.Module) -> nn.Module:
@@ -52,12 +92,6 @@ def shard_model(model: nn.Module) -> nn.Module:
         fully_shard(block)
     fully_shard(model)
     return model
-
-
-def is_sharded(model: nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,178 @@
+"""The course's times, from one source, into README.md and docs/WORKSHOP.md.
+
+Two kinds of time, never mixed up:
+- **Run All seconds** (the machine's): the records in `benchmarks/results/*.json`, written by
+  `benchmarks/notebook_times.py` (nbclient, one kernel a notebook) or `scripts/lab_run_all.py
+  --record` (Run All in a real JupyterLab). A record is one column.
+- **Learner minutes** (a person's, on a notebook's core path): estimated by
+  `scripts/course_words.py` from the committed notebooks: core words / 150 + 1 a core code cell
+  + 5 an exercise. An estimate, not a timing.
+
+The tables sit between markers in the two documents and are rewritten here, never by hand:
+
+    <!-- course-facts: run-all-times -->  ...  <!-- /course-facts: run-all-times -->
+
+    python scripts/course_facts.py            # rewrite the tables
+    python scripts/course_facts.py --check    # exit 1 naming every stale table (tests/test_course_facts.py)
+
+The three-hour path (docs/WORKSHOP.md) is laid out here too: a welcome, the notebooks in course
+order while their learner minutes fit, a break, a wrap-up; the notebooks that do not fit are
+listed as the part of the course left for after the workshop. It fits by construction, so a
+notebook that grows moves the cut, visibly, in a diff of WORKSHOP.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+# README's columns, in this order: the JupyterLab Run All records first (what a learner does).
+README_RECORDS = ("lab-cpu-quick", "lab-cpu", "cpu-quick-avx2", "cpu-quick-avx2-hog", "cpu-avx2")
+# WORKSHOP's path quotes these two: Run All in JupyterLab, every notebook measured.
+WORKSHOP_RECORDS = ("lab-cpu-quick", "lab-cpu")
+WORKSHOP_MINUTES = 180
+WELCOME, BREAK, WRAP_UP = 10, 10, 5
+BREAK_AFTER = 75  # minutes into the day: the break comes before the first notebook that starts later
+
+_spec = importlib.util.spec_from_file_location("course_words", ROOT / "scripts" / "course_words.py")
+course_words = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(course_words)
+
+
+def notebooks(folder: pathlib.Path = ROOT / "notebooks") -> list[pathlib.Path]:
+    return sorted(folder.glob("[0-9][0-9]_*.ipynb"))
+
+
+def load_record(stem: str, results: pathlib.Path = RESULTS) -> dict:
+    """One record: {"label", "date", "notebooks": {name: {"seconds", "cpu_seconds"?, "status"}}}."""
+    record = json.loads((results / f"{stem}.json").read_text())
+    if "label" not in record:
+        parts = [record["preset"], record.get("isa", "native")] + (["hog"] if record.get("hog") else [])
+        record["label"] = ", ".join(p for p in parts if p != "native")
+    return record
+
+
+def _seconds(record: dict, name: str) -> str:
+    entry = record["notebooks"].get(name)
+    if entry is None:
+        return "-"
+    if entry.get("status", "ok") != "ok":
+        return entry["status"]
+    cpu = entry.get("cpu_seconds")
+    return f"{entry['seconds']:.0f}" + (f" ({cpu:.0f})" if cpu is not None else "")
+
+
+def _total(record: dict, names: list[str]) -> str:
+    have = [record["notebooks"][n]["seconds"] for n in names if n in record["notebooks"]]
+    missing = len(names) - len(have)
+    return f"{sum(have):.0f}" + (f" ({missing} not measured)" if missing else "")
+
+
+def run_all_times(paths: list[pathlib.Path], results: pathlib.Path = RESULTS) -> str:
+    """README's table: per notebook the learner minutes and every record's Run All seconds."""
+    records = [load_record(stem, results) for stem in README_RECORDS if (results / f"{stem}.json").exists()]
+    names = [p.stem for p in paths]
+    minutes = {p.stem: course_words.words(p)["minutes"] for p in paths}
+    header = ["notebook", "learner, minutes (est.)"] + [f"{r['label']} ({r['date']})" for r in records]
+    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    for name in names:
+        lines.append(f"| `{name}` | {minutes[name]} | " + " | ".join(_seconds(r, name) for r in records) + " |")
+    lines.append(f"| total | {sum(minutes.values())} | " + " | ".join(_total(r, names) for r in records) + " |")
+    return "\n".join(lines)
+
+
+def plan(minutes: dict[str, int], day: int = WORKSHOP_MINUTES) -> tuple[list[tuple[int, str, int]], list[str]]:
+    """The day as (start minute, what, minutes) rows, and the notebooks left for afterwards.
+    Notebooks go in course order while they fit (a later one needs the earlier ones)."""
+    rows, clock, had_break = [(0, "welcome; pre-flight already green", WELCOME)], WELCOME, False
+    left = list(minutes)
+    while left:
+        name = left[0]
+        needs_break = not had_break and clock >= BREAK_AFTER
+        if clock + BREAK * (not had_break) + minutes[name] + WRAP_UP > day:
+            break
+        if needs_break:
+            rows.append((clock, "break", BREAK))
+            clock, had_break = clock + BREAK, True
+        rows.append((clock, name, minutes[name]))
+        clock += minutes[name]
+        left.pop(0)
+    if not had_break:
+        rows.append((clock, "break", BREAK))
+        clock += BREAK
+    rows.append((clock, "wrap-up: docs/DECIDE.md, docs/SUMMARY.md", WRAP_UP))
+    return rows, left
+
+
+def workshop_path(paths: list[pathlib.Path], results: pathlib.Path = RESULTS) -> str:
+    """WORKSHOP's three hours: the path that fits, with Run All seconds beside each notebook."""
+    minutes = {p.stem: course_words.words(p)["minutes"] for p in paths}
+    records = [load_record(stem, results) for stem in WORKSHOP_RECORDS if (results / f"{stem}.json").exists()]
+    rows, left = plan(minutes)
+    header = ["start", "what", "minutes (learner, est.)"] + [f"Run All, {r['label']} (s)" for r in records]
+    lines = ["| " + " | ".join(header) + " |", "|---|---|" + "---:|" * (len(header) - 2)]
+    for start, what, length in rows:
+        seconds = [_seconds(r, what) for r in records] if what in minutes else [""] * len(records)
+        label = f"`{what}`: core path" if what in minutes else what
+        lines.append(f"| {start // 60}:{start % 60:02d} | {label} | {length} | " + " | ".join(seconds) + " |")
+    end = rows[-1][0] + rows[-1][2]
+    lines.append("")
+    lines.append(f"Ends at {end // 60}:{end % 60:02d} of {WORKSHOP_MINUTES // 60}:{WORKSHOP_MINUTES % 60:02d}. "
+                 + (("Not in the room's three hours (a second session, or at home): "
+                     + ", ".join(f"`{n}` ({minutes[n]} min)" for n in left) + ".")
+                    if left else "Every notebook's core path fits."))
+    return "\n".join(lines)
+
+
+BLOCKS = {  # (document, block name) -> what writes it
+    ("README.md", "run-all-times"): run_all_times,
+    ("docs/WORKSHOP.md", "workshop-path"): workshop_path,
+}
+
+
+def _markers(name: str) -> tuple[str, str]:
+    return f"<!-- course-facts: {name} -->", f"<!-- /course-facts: {name} -->"
+
+
+def replace_block(text: str, name: str, body: str, where: str) -> str:
+    begin, end = _markers(name)
+    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
+        raise SystemExit(f"{where}: needs exactly one '{begin}' followed by one '{end}' line")
+    head, rest = text.split(begin)
+    _, tail = rest.split(end)
+    return f"{head}{begin}\n{body}\n{end}{tail}"
+
+
+def stale(root: pathlib.Path = ROOT, *, write: bool = False) -> list[str]:
+    """The documents whose generated tables differ from what the sources give (rewritten if write)."""
+    paths, found = notebooks(root / "notebooks"), []
+    texts: dict[str, str] = {}
+    for (document, name), make in BLOCKS.items():
+        text = texts.get(document) or (root / document).read_text()
+        new = replace_block(text, name, make(paths, root / "benchmarks" / "results"), document)
+        if new != text:
+            found.append(f"{document}: the '{name}' table is stale")
+        texts[document] = new
+    if write:
+        for document, text in texts.items():
+            (root / document).write_text(text)
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 naming every stale table")
+    args = parser.parse_args(argv)
+    found = stale(write=not args.check)
+    for line in found:
+        print(("stale: " if args.check else "rewrote: ") + line + ("; run python scripts/course_facts.py" if args.check else ""))
+    return 1 if (found and args.check) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""Every command README.md shows has a place where it runs, written down here.
+
+A README command is one line of a ```bash block, or an inline `make ...` / `python ...` span.
+LEDGER says where each one runs: "as written" in a file (CI's script or a test) that must contain
+the command's text literally, so a change on either side fails here; "variant" for a test that runs
+the same thing with other arguments (named, with the difference); or "not run" with the reason
+(hardware CI does not have). A README command missing from the ledger fails the test: adding one
+to the README means deciding where it runs.
+"""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+AS_WRITTEN, VARIANT, NOT_RUN = "as written", "variant", "not run"
+LEDGER = {
+    "make learn": (AS_WRITTEN, ".ci/check-learn.sh", "make learn"),
+    "make test": (AS_WRITTEN, ".ci/run", "make test"),
+    "make test-presets": (AS_WRITTEN, ".ci/run", "make test-presets"),
+    "make learner-copies": (AS_WRITTEN, ".ci/run", "make learner-copies"),
+    "make preflight": (AS_WRITTEN, ".ci/run", "make preflight"),
+    "python scripts/course_facts.py": (AS_WRITTEN, ".ci/run", "python scripts/course_facts.py"),
+    "python scripts/summary.py": (AS_WRITTEN, ".ci/run", "python scripts/summary.py"),
+    "python -m workbench --help": (AS_WRITTEN, ".ci/run", "python -m workbench --help"),
+    "python -m workbench": (AS_WRITTEN, ".ci/run", "python -m workbench --help"),
+    "make lab": (VARIANT, "tests/test_readme_commands.py", "the teacher's JupyterLab: make learn's last line, on notebooks/ instead of learners/"),
+    "make test PYTEST_ARGS=--hog": (VARIANT, ".ci/run", "make test-presets runs the notebooks with --hog; the unit suite's --hog is not run in CI"),
+    "make run-all PRESET=cpu": (NOT_RUN, "", "minutes per preset in a real browser; its records are benchmarks/results/lab-*.json"),
+    "make run-all PRESET=P": (NOT_RUN, "", "as above"),
+    "make benchmark": (NOT_RUN, "", "a timing record, minutes; tests/test_monitor.py covers the monitor it measures"),
+    "make gpu-check": (NOT_RUN, "", "needs a CUDA GPU; its output is docs/gpu-reference/"),
+    "python scripts/gpu_check.py --preset cpu-quick --out /tmp/dry": (NOT_RUN, "", "every notebook once more, minutes; CI's notebook passes cover the notebooks"),
+    "python benchmarks/notebook_times.py --preset P --isa avx2 [--hog]": (NOT_RUN, "", "a placeholder command (P); make test-presets runs this script"),
+    "python -m workbench --model gpt --precision bf16 --steps 300": (VARIANT, "tests/test_cli.py", "main() with a small model and few steps"),
+    "ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 -m workbench": (VARIANT, "tests/test_cli.py", "accelerate.commands.launch with 2 CPU processes and small flags"),
+    "accelerate launch --multi_gpu --num_processes 4 -m workbench --model gpt": (NOT_RUN, "", "needs 4 GPUs; the 2-CPU-process variant runs in tests/test_cli.py"),
+    "torchrun --nproc_per_node 4 -m workbench --model gpt": (VARIANT, "tests/test_cli.py", "torch.distributed.run with 2 CPU processes"),
+    "accelerate launch --multi_gpu --num_machines 2 --num_processes 16 --machine_rank 0 --main_process_ip 10.0.0.1 --main_process_port 29500 -m workbench --model gpt":
+        (VARIANT, "tests/test_cli.py", "two 'machines' on loopback, one process each"),
+    "accelerate launch --cpu": (NOT_RUN, "", "named as what not to use for 2 CPU processes"),
+    "python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/whl/*.whl && export PYTHONPATH=/tmp/site:$PWD && python3 scripts/gpu_check.py --out \"$OUT/gpu\" --tar-only":
+        (NOT_RUN, "", "the offline GPU recipe: runs on the GPU machine"),
+    "bash scripts/gpu_bundle.sh": (NOT_RUN, "", "downloads wheels for the GPU machine"),
+    ".venv/bin/pip install -e '.[dali]'": (VARIANT, ".ci/run", "CI pip-installs the pinned DALI wheel instead of the extra"),
+    "conda env create -f environment.yml": (NOT_RUN, "", "CI has no conda; tests/test_packaging.py checks environment.yml against pyproject"),
+}
+
+
+def readme_commands(text: str = README) -> list[str]:
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+            command = re.sub(r"\s+", " ", line.split("  #")[0]).strip()
+            if command and not command.startswith("#"):
+                commands.append(command)
+    spans = re.findall(r"`((?:make|python3?|bash|conda|accelerate|torchrun|\.venv/bin/\w+) [^`]*)`", text)
+    commands += [re.sub(r"\s+", " ", s).strip() for s in spans]
+    return sorted(set(commands))
+
+
+def test_every_readme_command_has_a_place_in_the_ledger():
+    missing = [c for c in readme_commands() if c not in LEDGER]
+    assert not missing, "README commands with no place where they run (add them to LEDGER):\n" + "\n".join(missing)
+
+
+@pytest.mark.parametrize("command", [c for c, (how, _, _) in LEDGER.items() if how == AS_WRITTEN])
+def test_a_command_run_as_written_is_in_its_file_literally(command):
+    _, where, text = LEDGER[command]
+    assert text in (ROOT / where).read_text(), f"{where} no longer runs {text!r} (README: {command!r})"
+
+
+def test_the_ledger_names_no_command_the_readme_dropped():
+    shown = set(readme_commands())
+    assert not [c for c in LEDGER if c not in shown]
+
+
+def test_make_learn_runs_as_written_here(tmp_path):
+    """.ci/check-learn.sh's path, on this machine: `make learn` with the set-up step marked done
+    (`-o setup`: this environment is installed already, and a test must not re-install it)."""
+    learners = tmp_path / "learners"  # not the repository's learners/: a developer's answers live there
+    proc = subprocess.run(["bash", ".ci/check-learn.sh", "-o", "setup", f"PY={sys.executable}"], cwd=ROOT,
+                          env={**os.environ, "PY_CHECK": sys.executable, "LEARNERS": str(learners)},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"JupyterLab started on {learners}/" in proc.stdout
+    assert len(list(learners.glob("*.ipynb"))) == len(list((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")))
+    lab = subprocess.run(["make", "-n", "-o", "setup", "lab", f"PY={sys.executable}"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    assert f"{sys.executable} -m jupyter lab notebooks/" in lab  # the teacher's: the same line on notebooks/

@@ -1,0 +1,28 @@
+"""Fused attention (`attention`), a converter switch: 'sdpa' makes the GPT call
+`F.scaled_dot_product_attention` (keeps no s x s matrix). Names: `core.models.ATTENTIONS`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from workbench.core.errors import ConfigError
+from workbench.core.models import ATTENTIONS, set_attention
+
+CHOICES = ATTENTIONS
+
+
+def check(r: dict[str, Any]) -> None:
+    if r["attention"] == "sdpa" and r["model"] != "gpt":
+        raise ConfigError(f"attention='sdpa' switches the GPT's attention and model={r['model']!r} is not the GPT; "
+                          "use model='gpt' or attention='explicit'")
+
+
+def apply(model: nn.Module, cfg: Any) -> nn.Module:
+    return set_attention(model, cfg.attention)
+
+
+def replay_dims(cfg: Any) -> dict[str, Any]:
+    """What the estimate's replayed GPT is built with besides its sizes (fakestate.build)."""
+    return {"attention": cfg.attention}
