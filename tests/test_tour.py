@@ -49,8 +49,11 @@ def test_claim_rows_show_a_timing_from_a_shared_core_without_asserting_it():
     rows = claim_rows(_fake(2, 2 * per_sample + 4, 100.0), _fake(8, 8 * per_sample + 4, 120.0), BUSY)
     assert rows[0][3].startswith("not shown here") and "30% of a core" in rows[0][2]
     assert rows[1][2].startswith(f"{per_sample:,} bytes a sample")
-    with pytest.raises(AssertionError, match="should use this hardware better"):
-        claim_rows(_fake(2, 2 * per_sample + 4, 100.0), _fake(8, 8 * per_sample + 4, 120.0), FREE)
+    # On a free core: 1.2x is graded "holds in part"; slower per sample is refused.
+    assert claim_rows(_fake(2, 2 * per_sample + 4, 100.0), _fake(8, 8 * per_sample + 4, 120.0), FREE)[0][3] \
+        .startswith("holds in part: 1.20x")
+    with pytest.raises(AssertionError, match="should not be slower"):
+        claim_rows(_fake(2, 2 * per_sample + 4, 100.0), _fake(8, 8 * per_sample + 4, 90.0), FREE)
 
 
 def test_claim_rows_refuse_saved_bytes_that_are_not_linear_in_the_batch():
