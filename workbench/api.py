@@ -71,23 +71,19 @@ def training_parts(config: RunConfig, *, device: str | None = None) -> TrainingP
         >>> c, model, optimizer, batches = training_parts(RunConfig(model="mlp"))  # doctest: +SKIP
     """
     from workbench.core import custom
-    from workbench.core.data import build_dataloader
     from workbench.core.hardware import resolve_device
-    from workbench.core.models import build_model
-    from workbench.core.optim import make_optimizer
+    from workbench.switches import data_loading, optimizer
 
     c = config.resolved()
     device = device or resolve_device(c.device)
-    bundle = custom.load_bundle(c)  # as run() loads it: a built-in set by name, or your dataset
-    model = (build_model(c.model, data=bundle, dims=c.dims, seed=c.seed) if isinstance(c.model, str)
-             else custom.checked_copy(c.model, bundle, seed=c.seed)).to(device)
-    optimizer = make_optimizer(model, c)
-    loader = build_dataloader(bundle.train, batch_size=c.batch_size, shuffle=True, seed=c.seed,
-                              collate_fn=bundle.collate_fn)
+    bundle = custom.load_bundle(c)  # what run() trains on, built the way run() builds it
+    model = custom.load_model(c, bundle).to(device)
+    loader = data_loading.loader(bundle.train, c, bundle.collate_fn)
+    optim = optimizer.apply(model, c)
 
     def batches() -> Iterator[dict]:
         while True:  # itertools.cycle would replay the first pass's order; run() reshuffles each pass
             for batch in loader:
                 yield {k: v.to(device) for k, v in batch.items()}
 
-    return TrainingParts(c, model, optimizer, batches())
+    return TrainingParts(c, model, optim, batches())

@@ -283,6 +283,16 @@ def load_bundle(cfg: Any) -> DataBundle:
     return load_data(cfg.data, seq_len=cfg.seq_len or 128, max_test=cfg.eval_samples or None, seed=cfg.seed)
 
 
+def load_model(cfg: Any, bundle: DataBundle) -> nn.Module:
+    """The model a run of `cfg` (resolved) trains: a built-in one built by name, seeded (every arm
+    of a comparison starts from the same weights), or a checked deep copy of the module passed in."""
+    from workbench.core.models import build_model
+
+    if isinstance(cfg.model, str):
+        return build_model(cfg.model, data=bundle, dims=cfg.dims, seed=cfg.seed)
+    return checked_copy(cfg.model, bundle, seed=cfg.seed)
+
+
 def own_bundle(data: Any, *, eval_samples: int) -> DataBundle:
     """The DataBundle a run trains on for a dataset passed in: its training set, the first
     `eval_samples` of its test set (in order; none without one), and the collate_fn that puts

@@ -134,7 +134,6 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
         >>> result.status, len(result.losses) > 0
         ('ok', True)
     """
-    from workbench.core.models import build_model
     from workbench.planner.fit import check_fits
 
     cfg, sinks, name = _checked(config, sinks, name)
@@ -150,8 +149,7 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
         r.state.text = bundle.tokens_per_sample is not None  # token ids in: tokens/s is shown
         # Every arm of a comparison starts from the same weights (seeded as they are drawn). Your own
         # module: a deep copy trains (yours stays as it is), its forward checked on two samples first.
-        r.model = model = (build_model(cfg.model, data=bundle, dims=cfg.dims, seed=cfg.seed)
-                           if isinstance(cfg.model, str) else custom.checked_copy(cfg.model, bundle, seed=cfg.seed))
+        r.model = model = custom.load_model(cfg, bundle)
         # The switches that convert the model, in this order (each a module of workbench/switches):
         model = checkpointing.apply(model, cfg)  # technique: checkpointing (recompute blocks in backward)
         model = attention.apply(model, cfg)  # technique: fused attention ('sdpa': F.scaled_dot_product_attention)
