@@ -15,7 +15,8 @@ from workbench.measure.counters import (
     gpt_activation_bytes_formula,
 )
 from workbench.core.presets import get_preset
-from workbench.engine.accelerator import enable_fp16_on_cpu, reset_accelerate_state
+from workbench.engine.accelerator import reset_accelerate_state
+from workbench.switches.precision import enable_fp16_on_cpu
 from workbench.lessons.mixed_precision import (
     arm_budget,
     autocast_policy,

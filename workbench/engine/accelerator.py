@@ -15,9 +15,7 @@ import functools
 from typing import Any
 
 from workbench.core import hardware
-from workbench.core.precisions import ACCELERATE_NAMES
 from workbench.switches import accumulation, data_loading, precision
-from workbench.switches.precision import enable_fp16_on_cpu
 
 
 def reset_accelerate_state(*, keep_process_group: bool | None = None) -> None:
@@ -44,18 +42,6 @@ def _cache_accelerate_package_check() -> None:
     check = accelerate_optimizer.is_lomo_available
     if not hasattr(check, "cache_info"):
         accelerate_optimizer.is_lomo_available = functools.cache(check)
-
-
-def plain_accelerator(precision: str, *, device: str = "auto", **kwargs: Any) -> Any:
-    """A fresh single-process Accelerator for `precision` (fp16 real on a CPU too), for
-    demonstrations between runs; `make_accelerator` is the one a run uses."""
-    from accelerate import Accelerator
-
-    device = hardware.resolve_device(device)
-    reset_accelerate_state(keep_process_group=False)
-    accelerator = Accelerator(cpu=device == "cpu", mixed_precision=ACCELERATE_NAMES[precision], **kwargs)
-    enable_fp16_on_cpu(accelerator, None)
-    return accelerator
 
 
 def make_accelerator(cfg: Any) -> Any:
