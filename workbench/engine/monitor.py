@@ -147,7 +147,10 @@ class Monitor:
             per_micro = max(1, samples // self.description.grad_accum_steps)
             self.description = dataclasses.replace(self.description, batch_size=per_micro)
         if probe:
-            recorder.probed(flops=flops.total, activation_bytes=saved.bytes)
+            # One micro-batch's saved activations, as run() reports them: a window of K equal
+            # micro-batches saves K times one's (the counter sums them; one is alive at a time).
+            k = self.description.grad_accum_steps
+            recorder.probed(flops=flops.total, activation_bytes=saved.bytes // k if saved.bytes % k == 0 else saved.bytes)
         if recorder.end_step(sync=self._sync_device):  # the first step: kept, and not timed
             loss = (self._loss_sum / max(self._loss_count, 1)).item()  # the log step's sync
             self._loss_sum.zero_()
