@@ -337,3 +337,14 @@ def claims_rows(baseline: Any, workers: Any, ceiling: Any, *, cores: int, capaci
                      f"DALI ({dali_device}), loader alone: {dali_ratio:.1f}x the samples/s of a 0-worker DataLoader "
                      f"on the same files and work", f"{_verdict(dali_ratio)}: measured in one session"))
     return rows
+
+
+class WhoBuilds(torch.utils.data.Dataset):
+    """16 samples, each the id of the process that built it (notebook 04's check of which
+    process loads a batch). Defined in a module: a spawned worker must import it."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, index: int) -> int:
+        return os.getpid()
