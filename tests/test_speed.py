@@ -327,6 +327,19 @@ def test_the_inductor_cache_is_one_per_capability_and_cpu_unless_the_user_chose_
     assert environ["TORCHINDUCTOR_CACHE_DIR"] == inductor_cache_dir({"ATEN_CPU_CAPABILITY": "avx512"})
 
 
+def test_a_child_started_with_another_cap_leaves_its_parents_cache_folder():
+    # The parent imported workbench uncapped (its folder is in the environment); a kernel it starts
+    # with ATEN_CPU_CAPABILITY=avx2 must not load the parent's AVX-512 kernels (SystemError in 08).
+    from workbench.core.compile_cache import separate_capped_cache
+
+    parent: dict[str, str] = {}
+    native = separate_capped_cache(parent)
+    child = {**parent, "ATEN_CPU_CAPABILITY": "avx2"}
+    capped = separate_capped_cache(child)
+    assert "_aten-native_" in native and "_aten-avx2_" in capped and child["TORCHINDUCTOR_CACHE_DIR"] == capped
+    assert separate_capped_cache({**parent, "TORCHINDUCTOR_CACHE_DIR": "/mine"}) is None  # the user's folder stays
+
+
 @needs_compiler
 def test_compile_payback_weighs_the_first_step_against_the_saving(eager_and_compiled):
     eager, compiled = eager_and_compiled

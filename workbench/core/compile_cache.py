@@ -22,6 +22,11 @@ import tempfile
 
 CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
 CAPABILITY_VARIABLE = "ATEN_CPU_CAPABILITY"
+# The folder workbench chose, beside CACHE_VARIABLE: a child started with another cap (a capped
+# kernel under `benchmarks/notebook_times.py --isa avx2`) inherits both and chooses again, where
+# a folder the user set (CACHE_VARIABLE alone) is kept. Without it that kernel ran the parent's
+# native AVX-512 kernels under ATEN_CPU_CAPABILITY=avx2: SystemError in notebook 08 (measured).
+CHOSEN_VARIABLE = "WORKBENCH_INDUCTOR_CACHE_DIR"
 
 
 def _user() -> str:
@@ -51,8 +56,12 @@ def inductor_cache_dir(environ: dict[str, str] | os._Environ = os.environ) -> st
         True
         >>> inductor_cache_dir({"TORCHINDUCTOR_CACHE_DIR": "/mine"}) is None
         True
+        >>> chosen = inductor_cache_dir({})  # a parent's choice, inherited by a capped child:
+        >>> "_aten-avx2_" in inductor_cache_dir({"TORCHINDUCTOR_CACHE_DIR": chosen, "WORKBENCH_INDUCTOR_CACHE_DIR": chosen,
+        ...                                       "ATEN_CPU_CAPABILITY": "avx2"})
+        True
     """
-    if environ.get(CACHE_VARIABLE):
+    if environ.get(CACHE_VARIABLE) and environ.get(CACHE_VARIABLE) != environ.get(CHOSEN_VARIABLE):
         return None
     capability = re.sub(r"[^a-z0-9]", "_", environ.get(CAPABILITY_VARIABLE, "").strip().lower()) or "native"
     cpu = hashlib.sha256(cpu_flags_line().encode()).hexdigest()[:8]
@@ -64,5 +73,5 @@ def separate_capped_cache(environ: dict[str, str] | os._Environ = os.environ) ->
     imported; children of `accelerate launch` inherit the variable). Returns the folder it set."""
     folder = inductor_cache_dir(environ)
     if folder is not None:
-        environ[CACHE_VARIABLE] = folder
+        environ[CACHE_VARIABLE] = environ[CHOSEN_VARIABLE] = folder
     return folder
