@@ -131,7 +131,8 @@ def test_config_rejects_a_precision_the_device_cannot_run(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(hardware, "gpu_info", lambda: hardware.GPUInfo("Tesla T4", 16 * 2**30, (7, 5)))
     message = _error(model="mlp", precision="bf16", device="cuda")
-    assert message == "precision='bf16' is not supported on Tesla T4 (compute capability (7, 5)); use precision='fp16'"
+    assert message == ("precision='bf16': this card (Tesla T4, compute capability 7.5) has no bf16; "
+                       "use precision='fp16'")
 
 
 def test_config_rejects_unknown_device_and_preset():

@@ -21,7 +21,43 @@ def test_cpu_bf16_is_native_only_with_avx512_bf16_or_amx(monkeypatch):
 def test_gpu_precisions_follow_compute_capability(monkeypatch, cap, bf16, fp16):
     monkeypatch.setattr(hardware, "gpu_info", lambda: hardware.GPUInfo("Some GPU", 2**34, cap))
     assert hardware.precision_support("cuda", "bf16") == bf16
+    assert hardware.precision_support("cuda", "tf32") == bf16  # TF32 came with bf16, in Ampere
     assert hardware.precision_support("cuda", "fp16") == fp16
+
+
+def _card(monkeypatch, name, cap):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(hardware, "gpu_info", lambda: hardware.GPUInfo(name, 16 * 2**30, cap))
+
+
+@pytest.mark.parametrize("name,cap", [("Tesla T4", (7, 5)), ("Tesla V100-SXM2-16GB", (7, 0)),
+                                      ("NVIDIA GeForce RTX 2080 Ti", (7, 5))])
+def test_a_pre_ampere_card_lacks_bf16_and_tf32_and_says_so_in_one_clause(monkeypatch, name, cap):
+    _card(monkeypatch, name, cap)
+    # Decided from the capability: torch.cuda.is_bf16_supported() says True on some of these (emulated).
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    where = f"this card ({name}, compute capability {cap[0]}.{cap[1]})"
+    assert hardware.missing_here("cuda", "bf16") == f"{where} has no bf16"
+    assert hardware.missing_here("cuda", "tf32") == f"{where} has no TF32"
+    assert hardware.missing_here("cuda", "fp16") is None
+
+
+def test_an_ampere_card_has_both_and_a_cpu_has_no_tf32_but_runs_bf16(monkeypatch):
+    assert hardware.missing_here("cpu", "tf32") == "a CPU has no TF32"
+    assert hardware.missing_here("cpu", "bf16") is None  # native or emulated: it runs
+    _card(monkeypatch, "NVIDIA A100-SXM4-40GB", (8, 0))
+    assert hardware.missing_here("cuda", "bf16") is None and hardware.missing_here("cuda", "tf32") is None
+
+
+def test_precision_here_stands_fp16_in_for_bf16_on_a_t4_in_one_printed_line(monkeypatch, capsys):
+    _card(monkeypatch, "Tesla T4", (7, 5))
+    assert hardware.precision_here("bf16") == "fp16"
+    assert hardware.precision_here("fp16") == "fp16"
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["this card (Tesla T4, compute capability 7.5) has no bf16: what runs in bf16 here runs in fp16; "
+                     "on an Ampere or newer GPU (compute capability 8.0+) it runs in bf16"]
+    _card(monkeypatch, "NVIDIA A100-SXM4-40GB", (8, 0))
+    assert hardware.precision_here("bf16") == "bf16" and capsys.readouterr().out == ""
 
 
 # Device names as nvidia-smi and torch.cuda.get_device_name() report them, and the dense

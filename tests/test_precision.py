@@ -143,12 +143,13 @@ def test_cuda_fp16_gets_accelerates_grad_scaler_with_the_knobs():
     assert result.skipped_steps >= 1 and result.loss_scales[-1] == 2.0**40 * 0.5**result.skipped_steps
 
 
-def _fake_run(precision, step_time_s, activation_bytes, *, loss=2.0, skipped=0, scales=(), preset="cpu-quick"):
+def _fake_run(precision, step_time_s, activation_bytes, *, loss=2.0, skipped=0, scales=(), preset="cpu-quick",
+              device="cpu", peak=None):
     from types import SimpleNamespace
 
-    memory = SimpleNamespace(activation_bytes=activation_bytes, model_state_bytes=1000, peak_bytes=None)
+    memory = SimpleNamespace(activation_bytes=activation_bytes, model_state_bytes=1000, peak_bytes=peak)
     config = SimpleNamespace(precision=precision, preset=preset, grad_scaler={"init_scale": 2.0**40} if scales else None)
-    return SimpleNamespace(config=config, device="cpu", step_time_s=step_time_s, memory=memory, final_loss=loss,
+    return SimpleNamespace(config=config, device=device, step_time_s=step_time_s, memory=memory, final_loss=loss,
                            eval_loss=loss, accuracy=0.5, steps_done=3, skipped_steps=skipped, loss_scales=list(scales))
 
 
@@ -170,3 +171,35 @@ def test_claim_rows_refuse_an_emulated_format_that_was_not_slower(monkeypatch):
     forced = _fake_run("fp16", 1.0, 10, skipped=1, scales=(2.0**39,))
     with pytest.raises(AssertionError, match="emulated fp16 step should be clearly slower"):
         claim_rows(_fake_run("fp32", 1.0, 300), _fake_run("fp16", 1.0, 200), _fake_run("bf16", 5.0, 200), forced)
+
+
+def test_on_a_t4_the_bf16_arm_runs_in_fp16_and_its_claims_say_not_shown_here(monkeypatch, capsys):
+    # Notebook 01 on a card without bf16: cell 5 asks precision_here("bf16") (fp16, one line), the bf16 arms
+    # train in fp16, and the claims table says what was not shown and why, instead of crashing.
+    from workbench.lessons.mixed_precision import claim_rows, precision_here
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(hardware, "gpu_info", lambda: hardware.GPUInfo("Tesla T4", 16 * 2**30, (7, 5)))
+    assert precision_here("bf16") == "fp16"
+    assert capsys.readouterr().out.startswith("this card (Tesla T4, compute capability 7.5) has no bf16: ")
+    cuda = dict(device="cuda", peak=2**30)
+    forced = _fake_run("fp16", 1.0, 10, skipped=2, scales=(2.0**39, 2.0**38), **cuda)
+    rows = claim_rows(_fake_run("fp32", 1.0, 300, **cuda), _fake_run("fp16", 0.5, 200, **cuda),
+                      _fake_run("fp16", 0.5, 200, **cuda), forced)
+    speed, memory, accuracy, _ = rows
+    assert speed[2] == "fp16 2.00x the speed of fp32, bf16 arm in fp16 2.00x the speed of fp32"
+    assert speed[3] == ("holds in part: fp16 native, 2.00x; bf16 not shown here: this card (Tesla T4, compute "
+                        "capability 7.5) has no bf16, its arm ran in fp16")
+    assert "-33% (bf16 arm in fp16)" in memory[2] and "(fp32 / fp16 / bf16 arm in fp16)" in accuracy[2]
+
+
+def test_with_bf16_native_the_claim_rows_judge_both_arms(monkeypatch):
+    from workbench.lessons.mixed_precision import claim_rows
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(hardware, "gpu_info", lambda: hardware.GPUInfo("NVIDIA A100-SXM4-40GB", 40 * 2**30, (8, 0)))
+    cuda = dict(device="cuda", peak=2**30)
+    forced = _fake_run("fp16", 1.0, 10, skipped=1, scales=(2.0**39,), **cuda)
+    speed = claim_rows(_fake_run("fp32", 1.0, 300, **cuda), _fake_run("fp16", 0.5, 200, **cuda),
+                       _fake_run("bf16", 0.5, 200, **cuda), forced)[0]
+    assert speed[3] == "holds: fp16 native, 2.00x; bf16 native, 2.00x"

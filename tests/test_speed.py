@@ -71,7 +71,21 @@ def test_config_rejects_tf32_on_a_cpu_and_on_a_pre_ampere_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(hardware, "gpu_info", lambda: hardware.GPUInfo("Tesla T4", 16 * 2**30, (7, 5)))
     assert _error(model="mlp", device="cuda", tf32=True) == (
-        "tf32=True needs an Ampere or newer GPU (compute capability 8.0+); Tesla T4 is 7.5: use tf32=False")
+        "tf32=True needs an Ampere or newer GPU (compute capability 8.0+): this card (Tesla T4, compute capability 7.5) "
+        "has no TF32; use tf32=False")
+
+
+def test_notebook_08_skips_its_tf32_timing_on_a_pre_ampere_card_with_the_reason(monkeypatch):
+    # 08's TF32 cell times matmuls only where lesson.missing_here(device, "tf32") is None; elsewhere the
+    # claims row reads "not shown here: <why>". The decision is the capability's, as the config's is.
+    from workbench.lessons import speed
+
+    assert speed.missing_here("cpu", "tf32") == "a CPU has no TF32"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(hardware, "gpu_info", lambda: hardware.GPUInfo("Tesla T4", 16 * 2**30, (7, 5)))
+    assert speed.missing_here("cuda", "tf32") == "this card (Tesla T4, compute capability 7.5) has no TF32"
+    monkeypatch.setattr(hardware, "gpu_info", lambda: hardware.GPUInfo("NVIDIA L4", 24 * 2**30, (8, 9)))
+    assert speed.missing_here("cuda", "tf32") is None
 
 
 def test_config_rejects_compile_on_a_cpu_without_a_cpp_compiler(monkeypatch):

@@ -223,16 +223,24 @@ def resolve_device(device: str) -> str:
     return device
 
 
+AMPERE = (8, 0)
+"""The compute capability bf16 and TF32 tensor cores need. torch.cuda.is_bf16_supported() says
+True on some older cards (a T4, 7.5; a V100, 7.0), where bf16 is emulated, so the capability decides."""
+
+
 def precision_support(device: str, precision: str) -> str:
-    """'native', 'emulated' or 'unsupported' for this device and dtype.
+    """'native', 'emulated' or 'unsupported' for this device and format ('fp32', 'fp16', 'bf16',
+    or 'tf32': fp32 matmuls on TF32 tensor cores).
 
     On CPU, bf16/fp16 matmuls are native only with AVX512-BF16/AMX (fp16: AVX512-FP16
-    or AMX-FP16); otherwise oneDNN converts and they run many times slower.
-    On CUDA, fp16 needs compute capability >= 5.3 (tensor cores from 7.0) and bf16
-    needs >= 8.0 (Ampere).
+    or AMX-FP16); otherwise oneDNN converts and they run many times slower. A CPU has no TF32.
+    On CUDA, fp16 needs compute capability >= 5.3 (tensor cores from 7.0); bf16 and TF32
+    need >= 8.0 (Ampere).
     """
     if precision == "fp32":
         return "native"
+    if precision == "tf32" and device != "cuda":
+        return "unsupported"
     if device == "cpu":
         flags = cpu_flags()
         if precision == "bf16":
@@ -242,9 +250,52 @@ def precision_support(device: str, precision: str) -> str:
     if info is None:
         return "unsupported"
     cap = info.compute_capability
-    if precision == "bf16":
-        return "native" if cap >= (8, 0) else "unsupported"
+    if precision in ("bf16", "tf32"):
+        return "native" if cap >= AMPERE else "unsupported"
     return "native" if cap >= (5, 3) else "unsupported"
+
+
+def missing_here(device: str, precision: str) -> str | None:
+    """Why `device` cannot run `precision` (see precision_support), in one clause; None where it can.
+
+    Example:
+        >>> missing_here("cpu", "tf32")
+        'a CPU has no TF32'
+        >>> missing_here("cuda", "bf16")  # on a T4  # doctest: +SKIP
+        'this card (Tesla T4, compute capability 7.5) has no bf16'
+    """
+    if precision_support(device, precision) != "unsupported":
+        return None
+    shown = "TF32" if precision == "tf32" else precision
+    if device != "cuda":
+        return f"a {device.upper()} has no {shown}"
+    info = gpu_info()
+    if info is None:
+        return "no CUDA GPU is visible"
+    return f"this card ({info.name}, compute capability {info.compute_capability[0]}.{info.compute_capability[1]}) has no {shown}"
+
+
+# What a lesson runs instead where the card lacks a format: fp16 keeps the 16-bit memory and the
+# tensor cores of a pre-Ampere card (a T4's 65 TFLOP/s), only with a GradScaler.
+STAND_INS = {"bf16": "fp16", "fp16": "fp32"}
+
+
+def precision_here(precision: str, device: str = "auto") -> str:
+    """`precision` where this device runs it (natively or emulated); where it cannot, its stand-in
+    (bf16 -> fp16 on a CUDA card below compute capability 8.0), printing one line why.
+
+    Example:
+        >>> precision_here("bf16", "cpu")  # a CPU runs bf16, emulated where it lacks AVX512-BF16
+        'bf16'
+    """
+    device = resolve_device(device)
+    why = missing_here(device, precision)
+    if why is None:
+        return precision
+    instead = STAND_INS[precision]
+    print(f"{why}: what runs in {precision} here runs in {instead}; on an Ampere or newer GPU "
+          f"(compute capability {AMPERE[0]}.{AMPERE[1]}+) it runs in {precision}")
+    return instead
 
 
 def _time_matmul(dtype: torch.dtype, n: int, repeats: int) -> float:

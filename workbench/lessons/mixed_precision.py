@@ -1,10 +1,10 @@
 """Notebook 01's helpers: each arm's budget, the claims checked, and the depth behind them.
 
 The technique's own lines (autocast, the GradScaler, `Accelerator(mixed_precision=...)`) run in
-the notebook. Here: `arm_budget`, `claim_rows`, the exact saved bytes of `models.GPT` under
-autocast, and what autocast does to a forward, op by op. From the engine: `enable_fp16_on_cpu`
-(accelerate 1.x sets up no fp16 autocast or GradScaler on a CPU) and `reset_accelerate_state`
-(accelerate allows one mixed precision a process).
+the notebook. Here: `arm_budget`, `precision_here` (bf16, or fp16 on a card without it), `claim_rows`,
+the exact saved bytes of `models.GPT` under autocast, and what autocast does to a forward, op by
+op. From the engine: `enable_fp16_on_cpu` (accelerate 1.x sets up no fp16 autocast or GradScaler
+on a CPU) and `reset_accelerate_state` (accelerate allows one mixed precision a process).
 
 Example:
     >>> gpt_activation_bytes_autocast(s=4, b=1, h=8, a=2, L=1, low_bytes=2, softmax_fp32=False)
@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.core import hardware
+from workbench.core.hardware import precision_here
 from workbench.core.precisions import DTYPES
 from workbench.core.presets import get_preset
 from workbench.core.report import format_bytes as wb_bytes
@@ -36,7 +37,7 @@ from workbench.views.figures_precision import bit_layout_figure
 
 __all__ = ["arm_budget", "autocast_policy", "bit_layout_figure", "claim_rows", "enable_fp16_on_cpu",
            "gpt_activation_bytes_autocast", "gpt_activation_bytes_formula", "inspect_model", "loss_saved_bytes",
-           "reset_accelerate_state"]
+           "precision_here", "reset_accelerate_state"]
 
 # Held-out samples an arm evaluates where 16 bits are emulated: fewer, so Run All keeps to its budget.
 EMULATED_EVAL_SAMPLES = 200
@@ -66,53 +67,59 @@ def arm_budget(precisions: tuple[str, ...] = ("fp32", "fp16", "bf16"), *, model:
 
 def claim_rows(baseline: Any, fp16: Any, bf16: Any, forced: Any) -> list[tuple[str, str, str, str]]:
     """The notebook's claims against its runs: the GPT in fp32, fp16 and bf16 (same steps), and the
-    MLP's fp16 run started at an overflowing scale.
+    MLP's fp16 run started at an overflowing scale. On a card without bf16 the bf16 arm ran in fp16
+    (`precision_here`): its part of each claim is 'not shown here', with the reason.
 
     Asserts what must hold on any hardware: the 16-bit losses within 3% of fp32's (held-out
     accuracy within 1.5 points too, where the runs trained the preset's full steps), every
     skipped step one halving of the scale, an emulated step clearly slower than fp32's; and on
     the `gpu` preset, where a format is native, a speed-up of at least 1.3x and a lower peak.
     """
-    runs, device, preset = [fp16, bf16], baseline.device, get_preset()
-    support = {r.config.precision: hardware.precision_support(device, r.config.precision) for r in runs}
-    speed = {r.config.precision: baseline.step_time_s / r.step_time_s for r in runs}
-    saved = {r.config.precision: 1 - r.memory.activation_bytes / baseline.memory.activation_bytes for r in runs}
+    arms, device, preset = {"fp16": fp16, "bf16": bf16}, baseline.device, get_preset()
+    ran = {arm: r.config.precision for arm, r in arms.items()}  # the bf16 arm: fp16 on a card without bf16
+    support = {arm: hardware.precision_support(device, ran[arm]) for arm in arms}
+    speed = {arm: baseline.step_time_s / r.step_time_s for arm, r in arms.items()}
+    saved = {arm: 1 - r.memory.activation_bytes / baseline.memory.activation_bytes for arm, r in arms.items()}
     full = baseline.steps_done == preset.steps and not preset.capped  # else too few steps to compare accuracy
-    for r in runs:
-        p = r.config.precision
+    for arm, r in arms.items():
         for metric in ("final_loss", "eval_loss"):
             mine, base = getattr(r, metric), getattr(baseline, metric)
             assert abs(mine - base) <= 0.03 * base, f"{r.name}: {metric} {mine:.4f} vs fp32's {base:.4f}"
         assert not full or abs(r.accuracy - baseline.accuracy) <= 0.015, f"{r.name}: accuracy {r.accuracy:.2%}"
         assert r.memory.model_state_bytes == baseline.memory.model_state_bytes  # fp32 master weights, grads, AdamW
-        if device == "cpu" and support[p] == "emulated":
-            assert speed[p] < 0.5, f"an emulated {p} step should be clearly slower than fp32's, got {speed[p]:.2f}x the speed"
-        if baseline.config.preset == "gpu" and support[p] == "native":
-            assert speed[p] >= 1.3, f"{r.name}: {speed[p]:.2f}x is not a tensor-core speed-up"
+        if device == "cpu" and support[arm] == "emulated":
+            assert speed[arm] < 0.5, f"an emulated {ran[arm]} step should be clearly slower than fp32's, got {speed[arm]:.2f}x the speed"
+        if baseline.config.preset == "gpu" and support[arm] == "native":
+            assert speed[arm] >= 1.3, f"{r.name}: {speed[arm]:.2f}x is not a tensor-core speed-up"
             assert r.memory.peak_bytes < baseline.memory.peak_bytes, f"{r.name}: peak memory not below fp32's"
     init = forced.config.grad_scaler["init_scale"]
     assert forced.skipped_steps >= 1 and forced.loss_scales[-1] == init * 0.5**forced.skipped_steps
+    label = {arm: arm if ran[arm] == arm else f"{arm} arm in {ran[arm]}" for arm in arms}
+    missing = {arm: f"{arm} not shown here: {hardware.missing_here(device, arm) or 'not run'}, its arm ran in {ran[arm]}"
+               for arm in arms if ran[arm] != arm}
 
-    def verdict(p: str) -> tuple[bool, str]:
-        if support[p] == "emulated":
-            return False, f"{p} is emulated on this {device}, {1 / speed[p]:.0f}x slower"
-        return speed[p] >= 1.5, f"{p} native, {speed[p]:.2f}x"
+    def verdict(arm: str) -> tuple[bool, str]:
+        if support[arm] == "emulated":
+            return False, f"{arm} is emulated on this {device}, {1 / speed[arm]:.0f}x slower"
+        return speed[arm] >= 1.5, f"{arm} native, {speed[arm]:.2f}x"
 
-    verdicts = [verdict(p) for p in speed]
+    verdicts = [verdict(arm) for arm in arms if arm not in missing]
     held = sum(ok for ok, _ in verdicts)
-    speed_verdict = (("holds" if held == len(verdicts) else "holds in part" if held else "does not hold here")
-                     + ": " + "; ".join(why for _, why in verdicts))
-    memory = ", ".join(f"-{saved[p]:.0%} ({p})" for p in saved)
+    word = ("holds" if held == len(verdicts) and not missing else "holds in part" if held
+            else "does not hold here" if verdicts else "not shown here")
+    speed_verdict = word + ": " + "; ".join([why for _, why in verdicts] + list(missing.values()))
+    memory = ", ".join(f"-{saved[arm]:.0%} ({label[arm]})" for arm in arms)
     if device == "cuda":
-        memory += "; CUDA peak " + " / ".join(wb_bytes(r.memory.peak_bytes) for r in [baseline, *runs])
+        memory += "; CUDA peak " + " / ".join(wb_bytes(r.memory.peak_bytes) for r in [baseline, *arms.values()])
     steps = f"after {baseline.steps_done} steps" + ("" if full else " (too few to compare accuracy: a weak test)")
     return [
         ("training 1.5-2.5x faster", "seed 000 §4.1, seed 003 §4.1 (NVIDIA tensor cores)",
-         ", ".join(f"{p} {speed[p]:.2f}x the speed of fp32" for p in speed), speed_verdict),
+         ", ".join(f"{label[arm]} {speed[arm]:.2f}x the speed of fp32" for arm in arms), speed_verdict),
         ("~50% less memory", "seed 000 §4.1, §4.3", f"saved activations {memory}, exact; model state the same",
          "holds in part: activations shrink, the fp32 weights, gradients and AdamW state do not"),
         ("no accuracy loss (89.2% -> 89.5%)", "seed 000 §4.3",
-         "held-out loss " + " / ".join(f"{r.eval_loss:.4f}" for r in [baseline, *runs]) + f" (fp32 / fp16 / bf16) {steps}",
+         "held-out loss " + " / ".join(f"{r.eval_loss:.4f}" for r in [baseline, *arms.values()])
+         + f" (fp32 / {' / '.join(label.values())}) {steps}",
          "holds: losses within 3%" + ("; accuracy within 1.5 points" if full else "")),
         ("the GradScaler skips overflowing steps and backs the scale off", "seed 004 §8.1; PyTorch AMP recipe",
          f"init_scale=2**{math.log2(init):.0f}: {forced.skipped_steps} of {forced.steps_done} steps skipped, "

@@ -11,7 +11,9 @@ these helpers measure what those lines did:
   and the parameters each reaches from the same gradients;
 - `compile_payback(eager, compiled)`: the compile's one-off cost against the time it saves;
 - `graph_breaks(fn, *args)`: where torch.compile had to stop a graph (torch._dynamo.explain);
-- `matmul_seconds(n)`: a median n x n fp32 matmul on the GPU (with TF32 on or off, as set).
+- `matmul_seconds(n)`: a median n x n fp32 matmul on the GPU (with TF32 on or off, as set);
+- `missing_here(device, "tf32")`: why this device has no TF32 (a CPU; a GPU below compute
+  capability 8.0), None on an Ampere or newer GPU.
 
 Example:
     >>> saved_bytes(lambda x: (x * x).sum(), torch.ones(4, requires_grad=True))  # x kept for backward
@@ -32,13 +34,14 @@ from typing import Any
 import torch
 
 from workbench.core import hardware
+from workbench.core.hardware import missing_here
 from workbench.core.report import Report, Results
 from workbench.measure.counters import SavedActivationCounter
 from workbench.measure.probe import max_relative_difference
 from workbench.measure.result import RunResult
 
 __all__ = ["Payback", "GraphBreaks", "OptimizerBench", "compile_problem", "phase_ms", "saved_bytes",
-           "optimizer_bench", "compile_payback", "graph_breaks", "matmul_seconds"]
+           "optimizer_bench", "compile_payback", "graph_breaks", "matmul_seconds", "missing_here"]
 
 # Kineto (the profiler's C++ core) writes "USDT: ... profiler_start/profiler_stop" to stderr at every
 # profile on torch 2.13: red lines in a notebook that say nothing. Level 6 is above all of kineto's

@@ -40,10 +40,8 @@ def check(r: dict[str, Any]) -> None:
         if device != "cuda":
             raise ConfigError("tf32=True acts on CUDA matmuls and this run is on the CPU (which has no TF32); "
                               "use tf32=False, or device='cuda' on an Ampere or newer GPU")
-        info = hardware.gpu_info()  # nvidia-smi: no CUDA context before a launcher forks
-        if info is not None and info.compute_capability < (8, 0):
-            raise ConfigError(f"tf32=True needs an Ampere or newer GPU (compute capability 8.0+); "
-                              f"{info.name} is {info.compute_capability[0]}.{info.compute_capability[1]}: use tf32=False")
+        if why := hardware.missing_here(device, "tf32"):  # nvidia-smi: no CUDA context before a launcher forks
+            raise ConfigError(f"tf32=True needs an Ampere or newer GPU (compute capability 8.0+): {why}; use tf32=False")
 
 
 def compile_model(model: nn.Module, mode: str) -> nn.Module:

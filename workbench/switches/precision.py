@@ -47,12 +47,8 @@ def check(r: dict[str, Any]) -> None:
     """The scaler's knobs, and a precision this device can run (emulated is allowed, and said)."""
     if problem := grad_scaler_problem(r["grad_scaler"], r["precision"]):  # fp16: torch's defaults filled in
         raise ConfigError(problem)
-    device = hardware.resolve_device(r["device"])
-    if hardware.precision_support(device, r["precision"]) == "unsupported":
-        info = hardware.gpu_info()
-        where = f"{info.name} (compute capability {info.compute_capability})" if info else device
-        fallback = "fp16" if r["precision"] == "bf16" else "fp32"
-        raise ConfigError(f"precision={r['precision']!r} is not supported on {where}; use precision={fallback!r}")
+    if why := hardware.missing_here(hardware.resolve_device(r["device"]), r["precision"]):
+        raise ConfigError(f"precision={r['precision']!r}: {why}; use precision={hardware.STAND_INS[r['precision']]!r}")
 
 
 def accelerator_kwargs(cfg: Any) -> dict[str, Any]:
