@@ -33,12 +33,13 @@ import gc
 from typing import NamedTuple
 import torch
 from workbench.core import hardware
+from workbench.core.hardware import precision_here
 from workbench.measure.live import CUDA_BLOCK_BYTES, LiveTensors
 from workbench.measure.records import RunEnd, RunStart, StepRecord
 
 
 __all__ = ["max_micro_batch", "search_micro_batch", "Verification", "accelerate_estimate", "explain",
-           "precisions_here", "check_fits", "forecast_verdict"]
+           "precisions_here", "precision_here", "check_fits", "forecast_verdict"]
 
 
 def max_micro_batch(config: RunConfig, *, target: Target, vocab_size: int | None = None) -> int:
