@@ -9,9 +9,9 @@
 #    this checkout (file://) and WORKBENCH_PRESET=cpu-quick (the cell keeps a preset that is set);
 # 3. checks that torch's version is the one installed in 1, that `python -m workbench --help` runs,
 #    and that a 3-step wb.run of the MLP trains.
-# Not in CI (.ci/run): torch alone is several GB and takes minutes to install. Measured on the 2-core
-# dev machine (shared with other jobs), torch 2.14.1 from the local wheel store: step 1 3 min 11 s, the cell
-# 7 min 6 s in a fresh venv (1 min 49 s where its packages were already there), the whole script 4-8 min.
+# Not in CI (.ci/run): it takes minutes and a venv of 6.4 GB. Measured on the 2-core dev machine shared
+# with other jobs (load average 6-8), torch 2.14.1 from the local wheel store: a fresh venv 10 min 21 s in
+# all (the cell 3 min 51 s of it); torch alone, by hand, 3 min 11 s; with everything already there 4 min 45 s.
 set -euo pipefail
 venv="${1:?usage: check_hosted_install.sh VENV TORCH_VERSION, e.g. /tmp/hosted-venv 2.14.1}"
 torch_version="${2:?usage: check_hosted_install.sh VENV TORCH_VERSION, e.g. /tmp/hosted-venv 2.14.1}"
