@@ -72,9 +72,10 @@ def diverged_message(cfg, first_bad: int, stopped: int) -> str:
 
 
 def keep_partial(result_now, error: BaseException) -> None:
-    """Nothing lost: a run that failed still leaves its curve so far in last_result()
-    (status 'failed'). The error itself is left as it was raised: its last line is what
-    launchers and readers take for the cause."""
+    """Nothing lost: a run that failed still leaves its result so far (status 'failed': its curve,
+    and the trained model once every step trained) in last_result() and as the error's `.result`.
+    The error's message is left as it was raised: its last line is what launchers and readers
+    take for the cause; a note under it (shown with the traceback) says where a trained model is."""
     if isinstance(error, ConfigError):  # refused before step 1: no run to keep
         return
     try:
@@ -82,6 +83,13 @@ def keep_partial(result_now, error: BaseException) -> None:
     except Exception:  # the failure may be the very thing a result is built from
         return
     remember(partial)
+    try:
+        error.result = partial
+    except (AttributeError, TypeError):  # an exception type that takes no attributes: last_result() has it
+        return
+    if partial.model is not None:
+        error.add_note(f"{partial.name}: all {partial.steps_done} steps trained before this failed; the trained model "
+                       "is this exception's .result.model (and workbench.last_result().model)")
 
 
 def untangle(model, plain, optimizer) -> None:

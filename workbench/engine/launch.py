@@ -112,9 +112,11 @@ def _child(target: RunConfig | Callable[..., Any], args: tuple, name: str | None
             value: Any = run(target, sinks=[_PipeSink(conn)], name=name)
         else:
             value = target(*args)
-    except BaseException:
+    except BaseException as error:
         # When one process fails, its peers fail next ("Connection closed by peer"):
-        # the time says which failure came first, the cause rather than an echo.
+        # the time says which failure came first, the cause rather than an echo. run()'s note
+        # points at this process's .result, which stays here: the cause's line stays the last.
+        vars(error).pop("__notes__", None)
         conn.send(("error", {"rank": rank, "time": time.time(), "traceback": traceback.format_exc()}))
         raise
     conn.send(("result", _without_own_objects(value)))
