@@ -751,3 +751,189 @@ def test_a_bool_bit_width_is_refused_in_one_line():
 def test_run_refuses_a_config_that_is_not_a_run_config():
     assert _run_error({"model": "mlp"}, TypeError) == (
         "config must be a RunConfig, got dict; pass e.g. RunConfig(model='mlp')")
+
+
+# --- round 3: your own model and data (issue 28) ---
+
+from torch import nn  # noqa: E402
+from torch.utils.data import Dataset, Subset, TensorDataset  # noqa: E402
+
+from workbench.core import custom, label_range  # noqa: E402
+
+
+class OwnNet(nn.Module):
+    """8 features in, `classes` class scores out."""
+
+    def __init__(self, features: int = 8, classes: int = 10) -> None:
+        super().__init__()
+        self.hidden, self.head = nn.Linear(features, 16), nn.Linear(16, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.hidden(x)))
+
+
+class AuxInTraining(OwnNet):
+    def forward(self, x):
+        logits = super().forward(x)
+        return (logits, logits.mean()) if self.training else logits
+
+
+class Detached(OwnNet):
+    def forward(self, x):
+        return super().forward(x).detach()
+
+
+class NoGrad(OwnNet):
+    def forward(self, x):
+        with torch.no_grad():
+            return super().forward(x)
+
+
+class Items(Dataset):
+    """A map-style set that hands out (inputs, label) pairs from __getitem__ only, counting reads."""
+
+    def __init__(self, data: TensorDataset) -> None:
+        self.data, self.reads = data, 0
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, i):
+        self.reads += 1
+        return self.data[i]
+
+
+class WithTargets(Items):
+    """A set whose labels are also a `targets` column (torchvision's form)."""
+
+    def __init__(self, data: TensorDataset) -> None:
+        super().__init__(data)
+        self.targets = data.tensors[1].tolist()
+
+
+def own_data(n: int = 300, features: int = 8, seed: int = 0, bad: dict[int, int] | None = None) -> TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    data = TensorDataset(torch.randn(n, features, generator=g), torch.randint(0, 10, (n,), generator=g))
+    for item, label in (bad or {}).items():
+        data.tensors[1][item] = label
+    return data
+
+
+OWN = dict(batch_size=32, steps=8, log_every=4)
+
+
+def _refused_before_training(**config) -> str:
+    sink = RecordingSink()
+    message = _run_error(RunConfig(**{**OWN, **config}), sinks=[sink])
+    assert sink.starts == [], "refused before the run started"
+    return message
+
+
+@pytest.mark.parametrize("data", [own_data(bad={150: 10}), Items(own_data(bad={150: 10})),
+                                  WithTargets(own_data(bad={150: 10})), Subset(own_data(400, bad={250: 10}), range(100, 400))],
+                         ids=["TensorDataset", "items only", "targets column", "Subset"])
+def test_a_label_out_of_range_is_named_with_its_item_before_training(data):
+    # Today: torch's IndexError 'Target 10 is out of bounds.' at the step whose batch holds it.
+    message = _refused_before_training(model=OwnNet(), data=data)
+    assert message == (f"data=<{custom.describe_data(data)}>: item 150 of its training set has label 10, but "
+                       "model=OwnNet(...)'s forward returns 10 class scores (labels 0..9); fix that label, or give "
+                       "the model's last layer 11 outputs")
+
+
+def test_a_negative_label_in_the_test_set_is_named_before_training():
+    # Today: every step trains, then evaluation fails with torch's IndexError.
+    message = _refused_before_training(model=OwnNet(), data=(own_data(), own_data(50, seed=1, bad={40: -3})))
+    assert message == ("data=<TensorDataset (train 300, test 50)>: item 40 of its test set has label -3, but "
+                       "model=OwnNet(...)'s forward returns 10 class scores (labels 0..9); fix that label (-100 marks "
+                       "one the loss skips)")
+
+
+def test_the_label_scan_reads_at_most_its_bound_of_items_and_trusts_no_column_the_items_contradict():
+    big = Items(own_data(3 * label_range.SCAN_ITEMS))
+    assert label_range.first_out_of_range(big, custom.ContractBatches(), classes=10) is None
+    assert big.reads == label_range.SCAN_ITEMS
+    shifted = WithTargets(own_data())
+    shifted.targets[7] = 10  # the column says 10; the item (what trains) says otherwise
+    assert label_range.first_out_of_range(shifted, custom.ContractBatches(), classes=10) is None
+    assert run(RunConfig(model=OwnNet(), data=shifted, **OWN), sinks=[]).status == "ok"
+
+
+@pytest.mark.parametrize("model, message", [
+    # Today: AttributeError: 'tuple' object has no attribute 'flatten', in the first step's loss.
+    (AuxInTraining(), "model=AuxInTraining(...)'s forward returned a tuple (Tensor, Tensor) in train mode (a float32 "
+                      "tensor in eval mode); the loss takes one tensor of logits: return only the logits in train mode "
+                      "too (keep an auxiliary output inside the model)"),
+    # Today: RuntimeError: element 0 of tensors does not require grad and does not have a grad_fn, in backward.
+    (Detached(), "model=Detached(...)'s forward returned logits that do not require grad in train mode, so backward "
+                 "cannot reach its 314 trainable parameters; remove the .detach() or torch.no_grad() that cuts the "
+                 "logits off them in forward"),
+    (NoGrad(), "model=NoGrad(...)'s forward returned logits that do not require grad in train mode, so backward cannot "
+               "reach its 314 trainable parameters; remove the .detach() or torch.no_grad() that cuts the logits off "
+               "them in forward"),
+])
+def test_a_forward_that_only_fails_in_train_mode_is_named_before_training(model, message):
+    assert _refused_before_training(model=model, data=own_data()) == message
+    assert model.training  # the mode it was given
+
+
+def test_training_parts_checks_your_model_and_data_as_run_does():
+    # Today: training_parts checked the forward in eval mode only, and handed these parts out.
+    for model, data in ((AuxInTraining(), own_data()), (OwnNet(), own_data(bad={150: 10}))):
+        with pytest.raises(ConfigError) as info:
+            wb.training_parts(RunConfig(model=model, data=data, **OWN))
+        assert str(info.value) == _refused_before_training(model=model, data=data)
+
+
+def test_the_train_mode_check_leaves_batchnorm_statistics_and_the_random_numbers_as_they_were():
+    # A guard on the new check (it passes on the old code, which had no train-mode forward).
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Dropout(0.5), nn.Linear(16, 10))
+    bundle = custom.own_bundle(own_data(), eval_samples=0)
+    checked = custom.checked_copy(model, bundle, seed=0)
+    assert all(torch.equal(a, b) for a, b in zip(model.buffers(), checked.buffers(), strict=True))
+    assert checked.training and torch.equal(torch.random.get_rng_state(), torch.manual_seed(0).get_state())
+
+
+def test_a_test_set_of_another_width_is_refused_before_training():
+    # Today: every step trains, then evaluation fails with torch's shape error.
+    message = _refused_before_training(model=OwnNet(), data=(own_data(), own_data(50, features=7, seed=1)))
+    assert message == ("data=<TensorDataset (train 300, test 50)>: its test set does not fit the model (a test sample's "
+                       "inputs: (7,) float32, a training sample's: (8,) float32), so evaluation would fail after every "
+                       "step trained: model=OwnNet(...)'s forward failed on a batch of inputs of shape (2, 7) (float32): "
+                       "RuntimeError: mat1 and mat2 shapes cannot be multiplied (2x7 and 8x16); pass a test set whose "
+                       "samples are shaped like the training set's")
+
+
+def _trained_weights() -> dict[str, torch.Tensor]:
+    return run(RunConfig(model=OwnNet(), data=(own_data(), own_data(50, seed=1)), **OWN), sinks=[],
+               keep_model=True).model.state_dict()
+
+
+def test_a_failure_at_evaluation_keeps_the_trained_model_reachable_from_the_error(monkeypatch):
+    def fails(*args, **kwargs):
+        raise RuntimeError("evaluation broke")
+
+    expected = _trained_weights()
+    monkeypatch.setattr(train, "evaluate", fails)
+    with pytest.raises(RuntimeError) as info:
+        run(RunConfig(model=OwnNet(), data=(own_data(), own_data(50, seed=1)), **OWN), sinks=[])
+    assert str(info.value) == "evaluation broke"  # the cause, as raised; a note under it says where the model is
+    kept = info.value.result
+    assert (kept.status, kept.message, kept.steps_done) == ("failed", "after all 8 steps trained: RuntimeError: "
+                                                            "evaluation broke", 8)
+    assert kept.model.state_dict().keys() == expected.keys()
+    assert all(torch.equal(v, expected[k]) for k, v in kept.model.state_dict().items())
+    assert wb.last_result() is kept
+    assert info.value.__notes__ == ["OwnNet fp32 b32: all 8 steps trained before this failed; the trained model is "
+                                    "this exception's .result.model (and workbench.last_result().model)"]
+
+
+def test_a_view_that_fails_at_the_end_keeps_the_trained_model_reachable():
+    class BrokenEnd(RecordingSink):
+        def end(self, record):
+            raise ValueError("the view broke")
+
+    expected = _trained_weights()
+    with pytest.raises(ValueError) as info:
+        run(RunConfig(model=OwnNet(), data=(own_data(), own_data(50, seed=1)), **OWN), sinks=[BrokenEnd()])
+    assert str(info.value) == "the view broke" and info.value.result.status == "failed" and wb.last_result() is info.value.result
+    assert all(torch.equal(v, expected[k]) for k, v in info.value.result.model.state_dict().items())
