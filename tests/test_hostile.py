@@ -937,3 +937,12 @@ def test_a_view_that_fails_at_the_end_keeps_the_trained_model_reachable():
         run(RunConfig(model=OwnNet(), data=(own_data(), own_data(50, seed=1)), **OWN), sinks=[BrokenEnd()])
     assert str(info.value) == "the view broke" and info.value.result.status == "failed" and wb.last_result() is info.value.result
     assert all(torch.equal(v, expected[k]) for k, v in info.value.result.model.state_dict().items())
+
+
+def test_a_launched_child_failing_after_training_reports_the_cause_not_the_note(monkeypatch):
+    def fails(*args, **kwargs):
+        raise RuntimeError("evaluation broke")
+
+    monkeypatch.setattr(train, "evaluate", fails)  # the forked children inherit it
+    result = launch(RunConfig(**{**TINY, "eval_samples": 64}), num_processes=2, sinks=[], timeout_s=120)
+    assert (result.status, result.message) == ("failed", "RuntimeError: evaluation broke")
