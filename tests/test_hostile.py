@@ -903,25 +903,30 @@ def test_a_test_set_of_another_width_is_refused_before_training():
                        "samples are shaped like the training set's")
 
 
-def _trained_weights() -> dict[str, torch.Tensor]:
-    return run(RunConfig(model=OwnNet(), data=(own_data(), own_data(50, seed=1)), **OWN), sinks=[],
-               keep_model=True).model.state_dict()
+def _trained_run(model: nn.Module, **kwargs):
+    """What run() does with `model` on a (train, test) pair: every run trains a copy from its weights."""
+    return run(RunConfig(model=model, data=(own_data(), own_data(50, seed=1)), **OWN), **{"sinks": [], **kwargs})
+
+
+def _same_weights(trained: nn.Module, expected: nn.Module) -> bool:
+    ours, theirs = trained.state_dict(), expected.state_dict()
+    return ours.keys() == theirs.keys() and all(torch.equal(v, theirs[k]) for k, v in ours.items())
 
 
 def test_a_failure_at_evaluation_keeps_the_trained_model_reachable_from_the_error(monkeypatch):
     def fails(*args, **kwargs):
         raise RuntimeError("evaluation broke")
 
-    expected = _trained_weights()
+    model = OwnNet()
+    expected = _trained_run(model, keep_model=True).model
     monkeypatch.setattr(train, "evaluate", fails)
     with pytest.raises(RuntimeError) as info:
-        run(RunConfig(model=OwnNet(), data=(own_data(), own_data(50, seed=1)), **OWN), sinks=[])
+        _trained_run(model)
     assert str(info.value) == "evaluation broke"  # the cause, as raised; a note under it says where the model is
     kept = info.value.result
     assert (kept.status, kept.message, kept.steps_done) == ("failed", "after all 8 steps trained: RuntimeError: "
                                                             "evaluation broke", 8)
-    assert kept.model.state_dict().keys() == expected.keys()
-    assert all(torch.equal(v, expected[k]) for k, v in kept.model.state_dict().items())
+    assert _same_weights(kept.model, expected) and not _same_weights(kept.model, model)
     assert wb.last_result() is kept
     assert info.value.__notes__ == ["OwnNet fp32 b32: all 8 steps trained before this failed; the trained model is "
                                     "this exception's .result.model (and workbench.last_result().model)"]
@@ -932,11 +937,12 @@ def test_a_view_that_fails_at_the_end_keeps_the_trained_model_reachable():
         def end(self, record):
             raise ValueError("the view broke")
 
-    expected = _trained_weights()
+    model = OwnNet()
+    expected = _trained_run(model, keep_model=True).model
     with pytest.raises(ValueError) as info:
-        run(RunConfig(model=OwnNet(), data=(own_data(), own_data(50, seed=1)), **OWN), sinks=[BrokenEnd()])
-    assert str(info.value) == "the view broke" and info.value.result.status == "failed" and wb.last_result() is info.value.result
-    assert all(torch.equal(v, expected[k]) for k, v in info.value.result.model.state_dict().items())
+        _trained_run(model, sinks=[BrokenEnd()])
+    assert str(info.value) == "the view broke" and info.value.result.status == "failed"
+    assert wb.last_result() is info.value.result and _same_weights(info.value.result.model, expected)
 
 
 def test_a_launched_child_failing_after_training_reports_the_cause_not_the_note(monkeypatch):
@@ -946,3 +952,15 @@ def test_a_launched_child_failing_after_training_reports_the_cause_not_the_note(
     monkeypatch.setattr(train, "evaluate", fails)  # the forked children inherit it
     result = launch(RunConfig(**{**TINY, "eval_samples": 64}), num_processes=2, sinks=[], timeout_s=120)
     assert (result.status, result.message) == ("failed", "RuntimeError: evaluation broke")
+
+
+def test_running_out_of_memory_at_evaluation_returns_the_trained_model_with_the_oom(monkeypatch):
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    model = OwnNet()
+    expected = _trained_run(model, keep_model=True).model
+    monkeypatch.setattr(train, "evaluate", out_of_memory)
+    result = _trained_run(model)
+    assert (result.status, result.steps_done) == ("oom", 8)  # returned, not raised, as before
+    assert _same_weights(result.model, expected)

@@ -126,12 +126,14 @@ def _child(target: RunConfig | Callable[..., Any], args: tuple, name: str | None
 def _without_own_objects(value: Any) -> Any:
     """A result whose config names your own module and dataset in words: their tensors would
     cross the pipe through shared memory that is gone once this child exits (measured: the
-    parent's recv failed, FileNotFoundError). The parent puts its own objects back (launch())."""
+    parent's recv failed, FileNotFoundError). The parent puts its own objects back (launch()).
+    A trained model kept by a run that ended badly after training (`_Run.ended_result`) stays
+    here too, for the same reason."""
     if not isinstance(value, RunResult) or not isinstance(value.config, RunConfig):
         return value
     config = copy.copy(value.config)  # not RunConfig(...): a description is no model to check
     config.model, config.data = custom.describe_model(config.model), custom.describe_data(config.data)
-    return replace(value, config=config)
+    return replace(value, config=config, model=None)
 
 
 def _check_num_processes(num_processes: Any) -> None:
