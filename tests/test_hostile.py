@@ -849,7 +849,7 @@ def test_a_negative_label_in_the_test_set_is_named_before_training():
 
 
 def test_the_label_scan_reads_at_most_its_bound_of_items_and_trusts_no_column_the_items_contradict():
-    big = Items(own_data(3 * label_range.SCAN_ITEMS))
+    big = Items(own_data(label_range.SCAN_ITEMS + 1000))
     assert label_range.first_out_of_range(big, custom.ContractBatches(), classes=10) is None
     assert big.reads == label_range.SCAN_ITEMS
     shifted = WithTargets(own_data())
