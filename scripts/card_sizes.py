@@ -29,8 +29,9 @@ GIB = 2**30
 BATCHES = (32, 24, 16, 8)  # 32: the batch checked on an H200; 8: 02 still splits it 8 ways
 SEQ_LENS = (512, 256)
 CARDS_GIB = {8: 8.0, 12: 12.0, 16: 15.0, 24: 22.49, 80: 79.6, 141: 139.8}
-"""Nominal size -> the total a real card reports (MiB / 1024): an 8 GB RTX 3070, a 12 GB RTX
-3060, a 16 GB T4, a 24 GB L4, an 80 GB H100, the 141 GB H200 this project's GPU check ran on."""
+"""Nominal size -> the total (GiB) the card is tested at: for 16, 24 and 80 GB what a T4 (15,360 MiB),
+an L4 (23,034 MiB) and an H100 80GB (81,559 MiB) report to nvidia-smi, less than their labels; for
+141 GB the H200 of docs/gpu-reference (150,109,880,320 bytes)."""
 
 
 def _gpt(preset: Preset, **fields) -> RunConfig:
@@ -95,22 +96,27 @@ def computed_cards() -> tuple[CardShape, ...]:
     return tuple(CardShape(row.min_gib, *shape_for(row.min_gib)) for row in GPU_CARDS)
 
 
+def _row(label: str, cells) -> str:
+    return f"| {label} | " + " | ".join(cells) + " |"
+
+
 def main() -> int:
     from workbench.core.presets import get_preset
 
-    print(f"Replayed peak (GiB) of each notebook's largest run under the gpu preset sized to each card "
-          f"(estimate(device='cuda') on fake tensors; MiniLM: check_fits's bound); limit {CARD_HEADROOM:.0%} of the card.\n")
-    print("| notebook | " + " | ".join(f"{n} GB ({g:g} GiB)" for n, g in CARDS_GIB.items()) + " |")
+    print("Replayed peak (GiB) of each notebook's largest run under the gpu preset sized to each card "
+          "(estimate(device='cuda') on fake tensors; MiniLM: check_fits's bound); "
+          f"limit {CARD_HEADROOM:.0%} of the card.\n")
+    print(_row("notebook", (f"{n} GB ({g:g} GiB)" for n, g in CARDS_GIB.items())))
     print("|---|" + "---|" * len(CARDS_GIB))
     sized = {}
     for nominal, gib in CARDS_GIB.items():
-        os.environ["WORKBENCH_GPU_MEMORY_GIB"] = str(gib)
+        os.environ["WORKBENCH_GPU_MEMORY_GIB"] = str(gib)  # what the test sets, as a user would
         sized[nominal] = get_preset("gpu")
     table = {n: peaks(p) for n, p in sized.items()}
     for notebook in LARGEST_RUNS:
-        print(f"| {notebook} | " + " | ".join(f"{table[n][notebook] / GIB:.2f}" for n in CARDS_GIB) + " |")
-    print("| GPT batch x seq | " + " | ".join(f"{p.batch_size['gpt']} x {p.seq_len['gpt']}" for p in sized.values()) + " |")
-    print("| largest / card | " + " | ".join(f"{max(table[n].values()) / (g * GIB):.0%}" for n, g in CARDS_GIB.items()) + " |")
+        print(_row(notebook, (f"{table[n][notebook] / GIB:.2f}" for n in CARDS_GIB)))
+    print(_row("GPT batch x seq", (f"{p.batch_size['gpt']} x {p.seq_len['gpt']}" for p in sized.values())))
+    print(_row("largest / card", (f"{max(table[n].values()) / (g * GIB):.0%}" for n, g in CARDS_GIB.items())))
     cards = computed_cards()
     print("\nGPU_CARDS as the replay computes it:")
     for row in cards:

@@ -74,7 +74,8 @@ def test_big_cards_keep_the_batch_checked_on_the_h200_and_say_so(card):
 
 def test_a_card_below_the_smallest_class_is_told_it_may_not_fit(card):
     preset = card(6)
-    assert preset.seq_len["gpt"] == GPU_CARDS[0].gpt_seq_len and "may not fit; WORKBENCH_PRESET=cpu" in preset.sized
+    assert preset.seq_len["gpt"] == GPU_CARDS[0].gpt_seq_len
+    assert "6.0 GiB card" in preset.sized and "may not fit; WORKBENCH_PRESET=cpu" in preset.sized
 
 
 def test_the_cpu_presets_are_not_sized_and_print_as_their_names(card):

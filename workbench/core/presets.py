@@ -135,8 +135,8 @@ class CardShape:
     gpt_seq_len: int
 
 
-# The classes' floors are the smallest total a card of the class reports (MiB / 1024): 8 GB
-# cards 7.8-8.0, 11-12 GB cards 11-12, a 16 GB T4 15.0, a 24 GB L4 or A10G 22.5. The shapes are
+# The classes' floors sit under each class's nominal size, since a card reports less than its
+# label (nvidia-smi: a 16 GB T4 15,360 MiB; this project's 141 GB H200 143,156 MiB). The shapes are
 # scripts/card_sizes.py's: per class, the largest GPT batch of 32, 24, 16, 8 at seq 512 (else
 # 256) whose replayed peak in every notebook stays under CARD_HEADROOM of the class's floor. 07
 # trains a batch of 16 whatever the preset: on 8 GB only seq 256 fits it. 32 is the batch the
@@ -164,8 +164,8 @@ def _sized_to_card(preset: Preset) -> Preset:
     if total is None:
         why = f"as for a 16 GB card: this card's memory is unknown ({source})"
     elif row.min_gib > gib:
-        why = (f"this {gib:.1f} GiB card ({source}) is below the smallest sized for ({row.min_gib:g} GiB): "
-               "they may not fit; WORKBENCH_PRESET=cpu fits any machine")
+        why = (f"for this {gib:.1f} GiB card ({source}), below the smallest sized for ({row.min_gib:g} GiB): "
+               "its runs may not fit; WORKBENCH_PRESET=cpu fits any machine")
     else:
         why = (f"for this {gib:.1f} GiB card ({source}): each notebook's largest run replays under "
                f"{CARD_HEADROOM:.0%} of {row.min_gib:g} GiB")
