@@ -28,6 +28,7 @@ LEDGER = {
     "make preflight": (AS_WRITTEN, ".ci/run", "make preflight"),
     "python scripts/course_facts.py": (AS_WRITTEN, ".ci/run", "python scripts/course_facts.py"),
     "python scripts/summary.py": (AS_WRITTEN, ".ci/run", "python scripts/summary.py"),
+    "python scripts/card_sizes.py": (VARIANT, "tests/test_card_sizes.py", "the script's functions: the same replayed peaks on the same cards, and its table recomputed"),
     "python -m workbench --help": (AS_WRITTEN, ".ci/run", "python -m workbench --help"),
     "python -m workbench": (AS_WRITTEN, ".ci/run", "python -m workbench --help"),
     "make lab": (VARIANT, "tests/test_readme_commands.py", "the teacher's JupyterLab: make learn's last line, on notebooks/ instead of learners/"),
