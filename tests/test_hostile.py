@@ -509,9 +509,11 @@ def test_a_save_that_fails_mid_run_names_the_last_good_one_and_keeps_the_result(
     sink = RecordingSink()
     with pytest.raises(resume.CheckpointError) as info:
         run(RunConfig(**{**TINY, "steps": 12}, save_state_dir=tmp_path, save_every=4), sinks=[sink])
-    assert str(info.value) == (f"saving step 8 to '{tmp_path / 'step_000008'}' failed (OSError: No space left on device); "
-                               "the last complete save is step_000004; free space or pass another save_state_dir (the result so far "
-                               "is workbench.last_result())")
+    assert re.fullmatch(rf"saving step 8 to '{re.escape(str(tmp_path / 'step_000008'))}' failed: the disk is full "
+                        r"\([\d.]+ [KMGT]?i?B free there, this save needs about 14\.2 KiB\); the last complete save, "
+                        rf"step_000004, is kept \(resume_from='{re.escape(str(tmp_path))}'\); free space there, or pass a "
+                        r"save_state_dir on a disk with room \(the result so far is workbench\.last_result\(\)\)",
+                        str(info.value)), str(info.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000004"]  # no half-written step folder
     kept = wb.last_result()
     assert (kept.status, kept.steps_done, kept.loss_steps) == ("failed", 8, [4, 8])  # nothing trained is lost
@@ -751,3 +753,120 @@ def test_a_bool_bit_width_is_refused_in_one_line():
 def test_run_refuses_a_config_that_is_not_a_run_config():
     assert _run_error({"model": "mlp"}, TypeError) == (
         "config must be a RunConfig, got dict; pass e.g. RunConfig(model='mlp')")
+
+
+# --- round 3: the disk and the teacher's files (issue 28) ---------------------------------------
+
+# TINY's checkpoint holds 64*16+16 + 16*10+10 = 1,210 fp32 weights (4,840 bytes), AdamW's two moments
+# of them (9,680 bytes) and 4 fp32 `step` scalars (16 bytes): a save needs at least 14,536 bytes.
+TINY_SAVE_BYTES = 4840 + 9680 + 16
+
+
+@pytest.fixture
+def disk(monkeypatch):
+    """A disk the test fills: `disk["free"]` is what shutil.disk_usage reports under any folder."""
+    import shutil
+
+    state = {"free": 2**40}
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(2**40, 2**40 - state["free"],
+                                                                                       state["free"]))
+    return state
+
+
+def _fill_disk_while_writing(monkeypatch, disk, name, error):
+    """The second save's `name` is cut short by `error` as a full disk cuts it: part of the file is
+    written, then the disk has no room left."""
+    import accelerate.utils.other as writers
+    import safetensors.torch
+
+    seen = []
+
+    def cut_short(real):
+        def write(obj, target, *args, **kwargs):
+            if str(target).endswith(name):
+                seen.append(target)
+                if len(seen) == 2:
+                    with open(target, "wb") as f:
+                        f.write(b"\0" * 100)
+                    disk["free"] = 0
+                    raise error
+            return real(obj, target, *args, **kwargs)
+        return write
+
+    monkeypatch.setattr(writers, "safe_save_file", cut_short(safetensors.torch.save_file))
+    monkeypatch.setattr(torch, "save", cut_short(torch.save))
+
+
+def _full_disk_message(tmp_path) -> str:
+    return (f"saving step 8 to '{tmp_path / 'step_000008'}' failed: the disk is full (0 B free there, this save needs "
+            f"about {wb.format_bytes(TINY_SAVE_BYTES)}); the last complete save, step_000004, is kept "
+            f"(resume_from='{tmp_path}'); free space there, or pass a save_state_dir on a disk with room (the result "
+            "so far is workbench.last_result())")
+
+
+@pytest.mark.parametrize("name, error", [
+    # What each writer raised on a real full disk (a 64 KiB tmpfs): safetensors and torch's zip writer.
+    ("model.safetensors", "SafetensorError: Error while serializing: I/O error: No space left on device (os error 28)"),
+    ("optimizer.bin", "RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 5952 vs 5840"),
+    ("random_states_0.pkl", "OSError: No space left on device"),
+])
+def test_a_disk_that_fills_during_a_save_is_named_cleaned_up_and_the_last_save_still_resumes(
+        tmp_path, monkeypatch, disk, name, error):
+    from safetensors import SafetensorError
+
+    kind, text = error.split(": ", 1)
+    raised = {"SafetensorError": SafetensorError(text), "RuntimeError": RuntimeError(text),
+              "OSError": OSError(errno.ENOSPC, text)}[kind]
+    _fill_disk_while_writing(monkeypatch, disk, name, raised)
+    with pytest.raises(resume.CheckpointError) as info:
+        run(RunConfig(**{**TINY, "steps": 12}, save_state_dir=tmp_path, save_every=4), sinks=[])
+    assert str(info.value) == _full_disk_message(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000004"]  # no .partial folder left
+    monkeypatch.undo()  # the disk has room again: the save before the failure resumes bit-identically
+    resumed = run(RunConfig(**TINY, resume_from=tmp_path), sinks=[], keep_model=True).model
+    unbroken = run(RunConfig(**TINY), sinks=[], keep_model=True).model
+    assert all(torch.equal(a, b) for a, b in zip(resumed.parameters(), unbroken.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("error, line", [
+    (PermissionError(errno.EACCES, "Permission denied"), "PermissionError: Permission denied"),
+    (OSError(errno.EROFS, "Read-only file system"), "OSError: Read-only file system"),
+    (OSError(errno.EDQUOT, "Disk quota exceeded"), "OSError: Disk quota exceeded"),
+])
+def test_any_error_while_a_save_is_written_is_one_line_and_leaves_no_partial_folder(tmp_path, monkeypatch, error, line):
+    import accelerate.utils.other as writers
+
+    real, calls = writers.safe_save_file, []
+
+    def fails_second_time(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise error
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(writers, "safe_save_file", fails_second_time)
+    with pytest.raises(resume.CheckpointError) as info:
+        run(RunConfig(**{**TINY, "steps": 12}, save_state_dir=tmp_path, save_every=4), sinks=[])
+    assert str(info.value) == (
+        f"saving step 8 to '{tmp_path / 'step_000008'}' failed ({line}); the last complete save, step_000004, is kept "
+        f"(resume_from='{tmp_path}'); pass a save_state_dir you can write to, with room (the result so far is "
+        "workbench.last_result())")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000004"]
+
+
+def test_a_save_the_disk_has_no_room_for_is_refused_before_a_byte_is_written(tmp_path, monkeypatch, disk):
+    import accelerate
+
+    real, calls = accelerate.Accelerator.save_state, []
+
+    def then_the_disk_fills(self, *args, **kwargs):
+        calls.append(1)
+        real(self, *args, **kwargs)
+        disk["free"] = 10_000  # filled by something else after the first save
+
+    monkeypatch.setattr(accelerate.Accelerator, "save_state", then_the_disk_fills)
+    with pytest.raises(resume.CheckpointError) as info:
+        run(RunConfig(**{**TINY, "steps": 12}, save_state_dir=tmp_path, save_every=4), sinks=[])
+    assert str(info.value) == _full_disk_message(tmp_path).replace(
+        "(0 B free there", "(9.8 KiB free there")
+    assert len(calls) == 1 and sorted(p.name for p in tmp_path.iterdir()) == ["step_000004"]
