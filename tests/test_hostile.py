@@ -870,3 +870,100 @@ def test_a_save_the_disk_has_no_room_for_is_refused_before_a_byte_is_written(tmp
     assert str(info.value) == _full_disk_message(tmp_path).replace(
         "(0 B free there", "(9.8 KiB free there")
     assert len(calls) == 1 and sorted(p.name for p in tmp_path.iterdir()) == ["step_000004"]
+
+
+def _course_copy(tmp_path, *scripts):
+    """The course as a teacher has it, in tmp_path: `scripts/<each script>` and two notebooks."""
+    import pathlib
+    import shutil
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    (tmp_path / "scripts").mkdir()
+    for script in scripts:
+        shutil.copy(root / "scripts" / script, tmp_path / "scripts" / script)
+    (tmp_path / "notebooks").mkdir()
+    for name in ("00_tour.ipynb", "07_planner.ipynb"):
+        shutil.copy(root / "notebooks" / name, tmp_path / "notebooks" / name)
+    return tmp_path
+
+
+def _as_typed(folder, command, *, file_size_limit=None):
+    """`python <command>` typed in `folder`: (exit status, stdout, stderr). With file_size_limit,
+    no file the process writes may grow past it (EFBIG, as a full disk's ENOSPC): a write cut short."""
+    import shlex
+    import subprocess
+    import sys
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
+
+    proc = subprocess.run([sys.executable, *shlex.split(command)], cwd=folder, capture_output=True, text=True,
+                          timeout=300, preexec_fn=limit if file_size_limit else None,
+                          env={**os.environ, "PYTHONPATH": str(os.path.dirname(os.path.dirname(__file__)))})
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def _contents(folder) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+@pytest.mark.parametrize("out", ["notebooks", "notebooks/", "./notebooks/../notebooks", "{abs}/notebooks",
+                                 "{abs}/notebooks/", "link", "link/"])
+def test_learner_copies_refuse_the_teachers_folder_in_any_spelling(tmp_path, out):
+    folder = _course_copy(tmp_path, "learner_copies.py")
+    (folder / "link").symlink_to(folder / "notebooks")
+    before = _contents(folder / "notebooks")
+    code, _, err = _as_typed(folder, f"scripts/learner_copies.py --force --out {out.format(abs=folder)}")
+    assert (code, err) == (2, f"error: {folder / 'notebooks'} holds the teachers' notebooks: write the copies "
+                              "elsewhere (--out learners)\n")
+    assert _contents(folder / "notebooks") == before
+
+
+def test_learner_copies_name_each_file_that_is_no_notebook_in_one_line_and_still_write_the_others(tmp_path):
+    folder = _course_copy(tmp_path, "learner_copies.py")
+    cell = {"cell_type": "code", "metadata": {}, "source": "answer = 42", "outputs": [], "execution_count": None}
+    top = {"metadata": {}, "nbformat": 4, "nbformat_minor": 4}
+    bad = {  # file: (its text, the line naming what is wrong)
+        "a_broken.ipynb": ('{"cells": [', "not valid JSON (line 1, column 12: Expecting value)"),
+        "b_no_cells.ipynb": (json.dumps(top), 'not a notebook (no "cells" list)'),
+        "c_latin1.ipynb": (None, "not UTF-8 text (byte 20); save it again from Jupyter"),
+        "d_metadata.ipynb": (json.dumps({**top, "cells": [{**cell, "metadata": "x"}]}),
+                             "cell 0's metadata is 'x', not an object"),
+        "e_no_type.ipynb": (json.dumps({**top, "cells": [{"metadata": {}}]}),
+                            'cell 0 is not a cell (it needs "cell_type" and "source")'),
+        "f_top_metadata.ipynb": (json.dumps({**top, "metadata": [], "cells": []}),
+                                 'its "metadata" is [], not an object'),
+        "g_no_version.ipynb": (json.dumps({"metadata": {}, "cells": [cell]}),
+                               'not an nbformat 4 notebook ("nbformat" is None); open it in Jupyter and save it'),
+        # a string, not a list: "solution" in "nosolution" would drop a cell that is no answer
+        "h_tag_string.ipynb": (json.dumps({**top, "cells": [{**cell, "metadata": {"tags": "nosolution"}}]}),
+                               "cell 0's tags is 'nosolution', not a list; write it as [\"nosolution\"]"),
+    }
+    for name, (text, _) in bad.items():
+        path = folder / "notebooks" / name
+        path.write_bytes(b'{"cells": [], "x": "\xff"}') if text is None else path.write_text(text)
+    names = " ".join(f"notebooks/{n}" for n in [*bad, "00_tour.ipynb", "07_planner.ipynb"])  # the good ones last
+    code, out, err = _as_typed(folder, f"scripts/learner_copies.py --out learners --notebooks {names}")
+    assert code == 1 and err.splitlines() == [f"error: notebooks/{name}: {line}" for name, (_, line) in bad.items()]
+    assert sorted(p.name for p in (folder / "learners").iterdir()) == ["00_tour.ipynb", "07_planner.ipynb"]
+    assert out.endswith(f"learners' copies in learners; {len(bad)} not written (above)\n")
+
+
+def test_learner_copies_refuse_an_out_that_is_a_file_in_one_line(tmp_path):
+    folder = _course_copy(tmp_path, "learner_copies.py")
+    (folder / "learners").write_text("my notes")
+    assert _as_typed(folder, "scripts/learner_copies.py --out learners") == (
+        2, "", "error: --out learners is a file, not a folder; pass a folder such as --out learners\n")
+    assert (folder / "learners").read_text() == "my notes"
+
+
+def test_a_learner_copy_whose_write_fails_leaves_the_learners_copy_as_it_was(tmp_path):
+    folder = _course_copy(tmp_path, "learner_copies.py")
+    (folder / "learners").mkdir()
+    (folder / "learners" / "00_tour.ipynb").write_text("my answers")
+    code, _, err = _as_typed(folder, "scripts/learner_copies.py --force --out learners --notebooks "
+                                     "notebooks/00_tour.ipynb", file_size_limit=4096)  # the copy is ~20 KB
+    assert (code, err) == (1, "error: learners/00_tour.ipynb: cannot be written (File too large); the file there, "
+                              "if any, is unchanged\n")
+    assert _contents(folder / "learners") == {"00_tour.ipynb": b"my answers"}  # no temporary file left either
