@@ -967,3 +967,18 @@ def test_a_learner_copy_whose_write_fails_leaves_the_learners_copy_as_it_was(tmp
     assert (code, err) == (1, "error: learners/00_tour.ipynb: cannot be written (File too large); the file there, "
                               "if any, is unchanged\n")
     assert _contents(folder / "learners") == {"00_tour.ipynb": b"my answers"}  # no temporary file left either
+
+
+@pytest.mark.parametrize("out", [".", "./", "{abs}", "scripts/.."])
+def test_the_gpu_check_refuses_an_out_that_would_put_its_executed_copies_over_the_notebooks(tmp_path, out):
+    import pathlib
+
+    folder = _course_copy(tmp_path, "gpu_check.py")
+    before = _contents(folder / "notebooks")
+    code, _, err = _as_typed(folder, f"scripts/gpu_check.py --out {out.format(abs=folder)} --tar-only --budget-s 0 "
+                                     "--notebooks 00_tour")  # budget 0: no notebook runs, the files are still written
+    assert code == 2 and err.splitlines()[-1] == (
+        f"gpu_check.py: error: --out {pathlib.Path(out.format(abs=folder))} would write the executed notebooks over the ones it "
+        f"runs, in {folder / 'notebooks'} (and --tar-only would delete them); pass another folder such as "
+        "--out docs/gpu-reference")
+    assert _contents(folder / "notebooks") == before  # before: every notebook deleted, the folder too
