@@ -982,3 +982,22 @@ def test_the_gpu_check_refuses_an_out_that_would_put_its_executed_copies_over_th
         f"runs, in {folder / 'notebooks'} (and --tar-only would delete them); pass another folder such as "
         "--out docs/gpu-reference")
     assert _contents(folder / "notebooks") == before  # before: every notebook deleted, the folder too
+
+
+def test_the_cli_json_that_cannot_be_written_leaves_the_users_file_as_it_was(tmp_path):
+    (tmp_path / "result.json").write_text('{"my": "last run"}')
+    code, _, err = _as_typed(tmp_path, "-m workbench --model mlp --data digits --steps 2 --log-every 1 "
+                                       "--eval-samples 0 --json result.json", file_size_limit=200)  # the figures: ~1 KB
+    assert (code, err.splitlines()[-1]) == (1, "python -m workbench: error: --json 'result.json' could not be written "
+                                               "(File too large); the file there, if any, is unchanged")
+    assert _contents(tmp_path) == {"result.json": b'{"my": "last run"}'}  # before: cut to 200 bytes of the new one
+
+
+def test_preflight_json_that_cannot_be_written_leaves_the_users_file_as_it_was(tmp_path):
+    (tmp_path / "findings.json").write_text("[]")
+    stub = ("import sys, workbench.preflight as p; p.preflight = lambda **k: [p.Finding('cores', 'ok', 'x' * 300)]; "
+            "sys.exit(p.main(['--json', 'findings.json']))")  # the checks themselves take half a minute
+    code, _, err = _as_typed(tmp_path, f'-c "{stub}"', file_size_limit=200)
+    assert (code, err) == (1, "python -m workbench.preflight: error: --json 'findings.json' could not be written "
+                              "(File too large); the file there, if any, is unchanged\n")
+    assert _contents(tmp_path) == {"findings.json": b"[]"}
