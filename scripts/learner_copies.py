@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import sys
 
 import nbformat
 from nbconvert.preprocessors import ClearMetadataPreprocessor, ClearOutputPreprocessor, TagRemovePreprocessor
+
+from workbench.core.files import write_whole  # whole or not at all: a full disk keeps a learner's answers
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SOLUTION_TAG = "solution"
@@ -108,17 +109,6 @@ def _refuse_folder(out: pathlib.Path, sources: list[pathlib.Path]) -> str | None
     if out in originals:
         return f"{out} holds the teachers' notebooks: write the copies elsewhere (--out learners)"
     return None
-
-
-def write_whole(target: pathlib.Path, text: str) -> None:
-    """`text` into `target` through a temporary file renamed over it when complete: a write that
-    fails (a full disk) leaves the file that was there, a learner's answers, as it was."""
-    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        temporary.write_text(text, encoding="utf-8")
-        os.replace(temporary, target)
-    finally:
-        temporary.unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -963,7 +963,7 @@ def test_a_learner_copy_whose_write_fails_leaves_the_learners_copy_as_it_was(tmp
     (folder / "learners").mkdir()
     (folder / "learners" / "00_tour.ipynb").write_text("my answers")
     code, _, err = _as_typed(folder, "scripts/learner_copies.py --force --out learners --notebooks "
-                                     "notebooks/00_tour.ipynb", file_size_limit=4096)  # the copy is ~20 KB
+                                     "notebooks/00_tour.ipynb", file_size_limit=4096)  # the copy: 16.5 KB
     assert (code, err) == (1, "error: learners/00_tour.ipynb: cannot be written (File too large); the file there, "
                               "if any, is unchanged\n")
     assert _contents(folder / "learners") == {"00_tour.ipynb": b"my answers"}  # no temporary file left either
@@ -987,7 +987,7 @@ def test_the_gpu_check_refuses_an_out_that_would_put_its_executed_copies_over_th
 def test_the_cli_json_that_cannot_be_written_leaves_the_users_file_as_it_was(tmp_path):
     (tmp_path / "result.json").write_text('{"my": "last run"}')
     code, _, err = _as_typed(tmp_path, "-m workbench --model mlp --data digits --steps 2 --log-every 1 "
-                                       "--eval-samples 0 --json result.json", file_size_limit=200)  # the figures: ~1 KB
+                                       "--eval-samples 0 --json result.json", file_size_limit=200)  # the figures: ~400 B
     assert (code, err.splitlines()[-1]) == (1, "python -m workbench: error: --json 'result.json' could not be written "
                                                "(File too large); the file there, if any, is unchanged")
     assert _contents(tmp_path) == {"result.json": b'{"my": "last run"}'}  # before: cut to 200 bytes of the new one
@@ -1001,3 +1001,34 @@ def test_preflight_json_that_cannot_be_written_leaves_the_users_file_as_it_was(t
     assert (code, err) == (1, "python -m workbench.preflight: error: --json 'findings.json' could not be written "
                               "(File too large); the file there, if any, is unchanged\n")
     assert _contents(tmp_path) == {"findings.json": b"[]"}
+
+
+def test_course_facts_whose_write_fails_leave_readme_and_workshop_as_they_were(tmp_path):
+    import pathlib
+    import shutil
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    folder = _course_copy(tmp_path, "course_facts.py", "course_words.py")
+    for name in ("notebooks", "benchmarks/results"):
+        shutil.copytree(root / name, folder / name, dirs_exist_ok=True)
+    (folder / "docs").mkdir()
+    for name in ("README.md", "docs/WORKSHOP.md"):
+        shutil.copy(root / name, folder / name)
+    before = {name: (folder / name).read_bytes() for name in ("README.md", "docs/WORKSHOP.md")}
+    code, _, err = _as_typed(folder, "scripts/course_facts.py", file_size_limit=4096)  # README: ~25 KB
+    assert (code, err) == (1, "README.md: could not be written (File too large); it is unchanged\n")
+    assert {name: (folder / name).read_bytes() for name in before} == before  # before: README cut to 4 KB
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "benchmarks", "docs", "notebooks", "scripts"]
+
+
+def test_summary_whose_write_fails_leaves_the_last_summary_as_it_was(tmp_path):
+    import pathlib
+    import shutil
+
+    folder = _course_copy(tmp_path, "summary.py")
+    (folder / "docs").mkdir()
+    shutil.copy(pathlib.Path(__file__).resolve().parent.parent / "docs" / "SUMMARY.md", folder / "docs" / "SUMMARY.md")
+    before = (folder / "docs" / "SUMMARY.md").read_bytes()
+    code, _, err = _as_typed(folder, "scripts/summary.py", file_size_limit=1024)
+    assert (code, err) == (1, "error: docs/SUMMARY.md could not be written (File too large); it is unchanged\n")
+    assert _contents(folder / "docs") == {"SUMMARY.md": before}
