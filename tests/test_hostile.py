@@ -1032,3 +1032,16 @@ def test_summary_whose_write_fails_leaves_the_last_summary_as_it_was(tmp_path):
     code, _, err = _as_typed(folder, "scripts/summary.py", file_size_limit=1024)
     assert (code, err) == (1, "error: docs/SUMMARY.md could not be written (File too large); it is unchanged\n")
     assert _contents(folder / "docs") == {"SUMMARY.md": before}
+
+
+def test_the_notebook_runner_whose_write_fails_leaves_the_executed_copy_as_it_was(tmp_path):
+    folder = _course_copy(tmp_path, "nbrun.py")
+    (folder / "run.ipynb").write_text(json.dumps({"cells": [{"cell_type": "code", "metadata": {}, "outputs": [],
+                                                             "source": "print('x' * 500)", "execution_count": None}],
+                                                  "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    (folder / "out.ipynb").write_text("the last run's executed copy")
+    code, _, err = _as_typed(folder, "scripts/nbrun.py run.ipynb out.ipynb", file_size_limit=300)  # the copy: 812 B
+    assert (code, err.splitlines()[-1]) == (1, "error: out.ipynb could not be written (File too large); the file "
+                                               "there, if any, is unchanged")
+    assert (folder / "out.ipynb").read_text() == "the last run's executed copy"  # before: cut to 300 bytes
+    assert sorted(p.name for p in folder.iterdir()) == ["notebooks", "out.ipynb", "run.ipynb", "scripts"]
