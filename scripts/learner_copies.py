@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import sys
 
@@ -104,10 +105,12 @@ def learner_copy(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
 
 def _refuse_folder(out: pathlib.Path, sources: list[pathlib.Path]) -> str | None:
     """Why `out` must not receive copies (it holds the originals), or None."""
-    out = out.resolve()
     originals = {(ROOT / "notebooks").resolve()} | {p.resolve().parent for p in sources}
-    if out in originals:
-        return f"{out} holds the teachers' notebooks: write the copies elsewhere (--out learners)"
+    for folder in originals:
+        # The same folder by its device and inode: a path compare misses a bind mount, or
+        # `Notebooks` on a case-insensitive disk (macOS, Windows).
+        if out.is_dir() and folder.is_dir() and os.path.samefile(out, folder):
+            return f"{folder} holds the teachers' notebooks: write the copies elsewhere (--out learners)"
     return None
 
 

@@ -920,6 +920,23 @@ def test_learner_copies_refuse_the_teachers_folder_in_any_spelling(tmp_path, out
     assert _files_in(folder / "notebooks") == before
 
 
+def test_learner_copies_refuse_the_teachers_folder_mounted_under_another_name(tmp_path):
+    import subprocess
+
+    folder = _copy_of_the_course(tmp_path, "learner_copies.py")
+    (folder / "mnt").mkdir()
+    if subprocess.run(["mount", "--bind", str(folder / "notebooks"), str(folder / "mnt")], capture_output=True).returncode:
+        pytest.skip("bind-mounting a folder needs root (the path differs, the folder is the same)")
+    try:
+        before = _files_in(folder / "notebooks")
+        code, _, err = _typed_in(folder, "scripts/learner_copies.py --force --out mnt")
+        assert (code, err) == (2, f"error: {folder / 'notebooks'} holds the teachers' notebooks: write the copies "
+                                  "elsewhere (--out learners)\n")
+        assert _files_in(folder / "notebooks") == before
+    finally:
+        subprocess.run(["umount", str(folder / "mnt")], check=True)
+
+
 def test_learner_copies_name_each_file_that_is_no_notebook_in_one_line_and_still_write_the_others(tmp_path):
     folder = _copy_of_the_course(tmp_path, "learner_copies.py")
     cell = {"cell_type": "code", "metadata": {}, "source": "answer = 42", "outputs": [], "execution_count": None}
