@@ -29,6 +29,8 @@ import json
 import pathlib
 import sys
 
+from workbench.core.files import write_whole
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 # README's columns, in this order: the JupyterLab Run All records first (what a learner does).
@@ -158,9 +160,12 @@ def stale(root: pathlib.Path = ROOT, *, write: bool = False) -> list[str]:
         if new != text:
             found.append(f"{document}: the '{name}' table is stale")
         texts[document] = new
-    if write:
+    if write:  # whole or not at all: a full disk must not cut README's hand-written text short
         for document, text in texts.items():
-            (root / document).write_text(text)
+            try:
+                write_whole(root / document, text)
+            except OSError as error:
+                raise SystemExit(f"{document}: could not be written ({error.strerror or error}); it is unchanged") from None
     return found
 
 

@@ -197,8 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         return child(args.child, args.out)
 
-    args.out.mkdir(parents=True, exist_ok=True)
     executed = args.out / "notebooks"
+    if executed.resolve() == (ROOT / "notebooks").resolve():  # measured: --out . --tar-only deleted them all
+        parser.error(f"--out {args.out} would write the executed notebooks over the ones it runs, in "
+                     f"{ROOT / 'notebooks'} (and --tar-only would delete them); pass another folder such as "
+                     "--out docs/gpu-reference")
+    args.out.mkdir(parents=True, exist_ok=True)
     executed.mkdir(exist_ok=True)
     env = {**os.environ, "WORKBENCH_PRESET": args.preset, "WORKBENCH_HEADLESS": "1", "HF_HUB_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",

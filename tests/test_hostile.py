@@ -509,9 +509,11 @@ def test_a_save_that_fails_mid_run_names_the_last_good_one_and_keeps_the_result(
     sink = RecordingSink()
     with pytest.raises(resume.CheckpointError) as info:
         run(RunConfig(**{**TINY, "steps": 12}, save_state_dir=tmp_path, save_every=4), sinks=[sink])
-    assert str(info.value) == (f"saving step 8 to '{tmp_path / 'step_000008'}' failed (OSError: No space left on device); "
-                               "the last complete save is step_000004; free space or pass another save_state_dir (the result so far "
-                               "is workbench.last_result())")
+    assert re.fullmatch(rf"saving step 8 to '{re.escape(str(tmp_path / 'step_000008'))}' failed: the disk is full "
+                        r"\([\d.]+ [KMGT]?i?B free there, this save needs about 14\.2 KiB\); the last complete save, "
+                        rf"step_000004, is kept \(resume_from='{re.escape(str(tmp_path))}'\); free space there, or pass a "
+                        r"save_state_dir on a disk with room \(the result so far is workbench\.last_result\(\)\)",
+                        str(info.value)), str(info.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000004"]  # no half-written step folder
     kept = wb.last_result()
     assert (kept.status, kept.steps_done, kept.loss_steps) == ("failed", 8, [4, 8])  # nothing trained is lost
@@ -964,3 +966,312 @@ def test_running_out_of_memory_at_evaluation_returns_the_trained_model_with_the_
     result = _trained_run(model)
     assert (result.status, result.steps_done) == ("oom", 8)  # returned, not raised, as before
     assert _same_weights(result.model, expected)
+
+
+# --- round 3: the disk and the teacher's files (issue 28) ---------------------------------------
+
+# TINY's checkpoint holds 64*16+16 + 16*10+10 = 1,210 fp32 weights (4,840 bytes), AdamW's two moments
+# of them (9,680 bytes) and 4 fp32 `step` scalars (16 bytes): a save needs at least 14,536 bytes.
+TINY_SAVE_BYTES = 4840 + 9680 + 16
+
+
+@pytest.fixture
+def fake_disk(monkeypatch):
+    """A disk the test fills: `fake_disk["free"]` is what shutil.disk_usage reports under any folder."""
+    import shutil
+
+    state = {"free": 2**40}
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(2**40, 2**40 - state["free"],
+                                                                                       state["free"]))
+    return state
+
+
+def _fill_the_disk_while_writing(monkeypatch, fake_disk, name, error):
+    """The second save's `name` is cut short by `error` as a full disk cuts it: part of the file is
+    written, then the disk has no room left."""
+    import accelerate.utils.other as writers
+    import safetensors.torch
+
+    seen = []
+
+    def cut_short(real):
+        def write(obj, target, *args, **kwargs):
+            if str(target).endswith(name):
+                seen.append(target)
+                if len(seen) == 2:
+                    with open(target, "wb") as f:
+                        f.write(b"\0" * 100)
+                    fake_disk["free"] = 0
+                    raise error
+            return real(obj, target, *args, **kwargs)
+        return write
+
+    monkeypatch.setattr(writers, "safe_save_file", cut_short(safetensors.torch.save_file))
+    monkeypatch.setattr(torch, "save", cut_short(torch.save))
+
+
+def _disk_full_line(tmp_path) -> str:
+    return (f"saving step 8 to '{tmp_path / 'step_000008'}' failed: the disk is full (0 B free there, this save needs "
+            f"about {wb.format_bytes(TINY_SAVE_BYTES)}); the last complete save, step_000004, is kept "
+            f"(resume_from='{tmp_path}'); free space there, or pass a save_state_dir on a disk with room (the result "
+            "so far is workbench.last_result())")
+
+
+@pytest.mark.parametrize("name, error", [
+    # What each writer raised on a real full disk (a 64 KiB tmpfs): safetensors and torch's zip writer.
+    ("model.safetensors", "SafetensorError: Error while serializing: I/O error: No space left on device (os error 28)"),
+    ("optimizer.bin", "RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 5952 vs 5840"),
+    ("random_states_0.pkl", "OSError: No space left on device"),
+])
+def test_a_disk_that_fills_during_a_save_is_named_cleaned_up_and_the_last_save_still_resumes(
+        tmp_path, monkeypatch, fake_disk, name, error):
+    from safetensors import SafetensorError
+
+    kind, text = error.split(": ", 1)
+    raised = {"SafetensorError": SafetensorError(text), "RuntimeError": RuntimeError(text),
+              "OSError": OSError(errno.ENOSPC, text)}[kind]
+    _fill_the_disk_while_writing(monkeypatch, fake_disk, name, raised)
+    with pytest.raises(resume.CheckpointError) as info:
+        run(RunConfig(**{**TINY, "steps": 12}, save_state_dir=tmp_path, save_every=4), sinks=[])
+    assert str(info.value) == _disk_full_line(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000004"]  # no .partial folder left
+    monkeypatch.undo()  # the disk has room again: the save before the failure resumes bit-identically
+    resumed = run(RunConfig(**TINY, resume_from=tmp_path), sinks=[], keep_model=True).model
+    unbroken = run(RunConfig(**TINY), sinks=[], keep_model=True).model
+    assert all(torch.equal(a, b) for a, b in zip(resumed.parameters(), unbroken.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("error, line", [
+    (PermissionError(errno.EACCES, "Permission denied"), "PermissionError: Permission denied"),
+    (OSError(errno.EROFS, "Read-only file system"), "OSError: Read-only file system"),
+    (OSError(errno.EDQUOT, "Disk quota exceeded"), "OSError: Disk quota exceeded"),
+])
+def test_any_error_while_a_save_is_written_is_one_line_and_leaves_no_partial_folder(tmp_path, monkeypatch, error, line):
+    import accelerate.utils.other as writers
+
+    real, calls = writers.safe_save_file, []
+
+    def fails_second_time(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise error
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(writers, "safe_save_file", fails_second_time)
+    with pytest.raises(resume.CheckpointError) as info:
+        run(RunConfig(**{**TINY, "steps": 12}, save_state_dir=tmp_path, save_every=4), sinks=[])
+    assert str(info.value) == (
+        f"saving step 8 to '{tmp_path / 'step_000008'}' failed ({line}); the last complete save, step_000004, is kept "
+        f"(resume_from='{tmp_path}'); pass a save_state_dir you can write to, with room (the result so far is "
+        "workbench.last_result())")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000004"]
+
+
+def test_a_save_the_disk_has_no_room_for_is_refused_before_a_byte_is_written(tmp_path, monkeypatch, fake_disk):
+    import accelerate
+
+    real, calls = accelerate.Accelerator.save_state, []
+
+    def then_the_disk_fills(self, *args, **kwargs):
+        calls.append(1)
+        real(self, *args, **kwargs)
+        fake_disk["free"] = 10_000  # filled by something else after the first save
+
+    monkeypatch.setattr(accelerate.Accelerator, "save_state", then_the_disk_fills)
+    with pytest.raises(resume.CheckpointError) as info:
+        run(RunConfig(**{**TINY, "steps": 12}, save_state_dir=tmp_path, save_every=4), sinks=[])
+    assert str(info.value) == _disk_full_line(tmp_path).replace(
+        "(0 B free there", "(9.8 KiB free there")
+    assert len(calls) == 1 and sorted(p.name for p in tmp_path.iterdir()) == ["step_000004"]
+
+
+def _copy_of_the_course(tmp_path, *scripts):
+    """The course as a teacher has it, in tmp_path: `scripts/<each script>` and two notebooks."""
+    import pathlib
+    import shutil
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    (tmp_path / "scripts").mkdir()
+    for script in scripts:
+        shutil.copy(root / "scripts" / script, tmp_path / "scripts" / script)
+    (tmp_path / "notebooks").mkdir()
+    for name in ("00_tour.ipynb", "07_planner.ipynb"):
+        shutil.copy(root / "notebooks" / name, tmp_path / "notebooks" / name)
+    return tmp_path
+
+
+def _typed_in(folder, command, *, file_size_limit=None):
+    """`python <command>` typed in `folder`: (exit status, stdout, stderr). With file_size_limit,
+    no file the process writes may grow past it (EFBIG, as a full disk's ENOSPC): a write cut short."""
+    import shlex
+    import subprocess
+    import sys
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
+
+    proc = subprocess.run([sys.executable, *shlex.split(command)], cwd=folder, capture_output=True, text=True,
+                          timeout=300, preexec_fn=limit if file_size_limit else None,
+                          env={**os.environ, "PYTHONPATH": str(os.path.dirname(os.path.dirname(__file__)))})
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def _files_in(folder) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+@pytest.mark.parametrize("out", ["notebooks", "notebooks/", "./notebooks/../notebooks", "{abs}/notebooks",
+                                 "{abs}/notebooks/", "link", "link/"])
+def test_learner_copies_refuse_the_teachers_folder_in_any_spelling(tmp_path, out):
+    folder = _copy_of_the_course(tmp_path, "learner_copies.py")
+    (folder / "link").symlink_to(folder / "notebooks")
+    before = _files_in(folder / "notebooks")
+    code, _, err = _typed_in(folder, f"scripts/learner_copies.py --force --out {out.format(abs=folder)}")
+    assert (code, err) == (2, f"error: {folder / 'notebooks'} holds the teachers' notebooks: write the copies "
+                              "elsewhere (--out learners)\n")
+    assert _files_in(folder / "notebooks") == before
+
+
+def test_learner_copies_refuse_the_teachers_folder_mounted_under_another_name(tmp_path):
+    import subprocess
+
+    folder = _copy_of_the_course(tmp_path, "learner_copies.py")
+    (folder / "mnt").mkdir()
+    if subprocess.run(["mount", "--bind", str(folder / "notebooks"), str(folder / "mnt")], capture_output=True).returncode:
+        pytest.skip("bind-mounting a folder needs root (the path differs, the folder is the same)")
+    try:
+        before = _files_in(folder / "notebooks")
+        code, _, err = _typed_in(folder, "scripts/learner_copies.py --force --out mnt")
+        assert (code, err) == (2, f"error: {folder / 'notebooks'} holds the teachers' notebooks: write the copies "
+                                  "elsewhere (--out learners)\n")
+        assert _files_in(folder / "notebooks") == before
+    finally:
+        subprocess.run(["umount", str(folder / "mnt")], check=True)
+
+
+def test_learner_copies_name_each_file_that_is_no_notebook_in_one_line_and_still_write_the_others(tmp_path):
+    folder = _copy_of_the_course(tmp_path, "learner_copies.py")
+    cell = {"cell_type": "code", "metadata": {}, "source": "answer = 42", "outputs": [], "execution_count": None}
+    top = {"metadata": {}, "nbformat": 4, "nbformat_minor": 4}
+    bad = {  # file: (its text, the line naming what is wrong)
+        "a_broken.ipynb": ('{"cells": [', "not valid JSON (line 1, column 12: Expecting value)"),
+        "b_no_cells.ipynb": (json.dumps(top), 'not a notebook (no "cells" list)'),
+        "c_latin1.ipynb": (None, "not UTF-8 text (byte 20); save it again from Jupyter"),
+        "d_metadata.ipynb": (json.dumps({**top, "cells": [{**cell, "metadata": "x"}]}),
+                             "cell 0's metadata is 'x', not an object"),
+        "e_no_type.ipynb": (json.dumps({**top, "cells": [{"metadata": {}}]}),
+                            'cell 0 is not a cell (it needs "cell_type" and "source")'),
+        "f_top_metadata.ipynb": (json.dumps({**top, "metadata": [], "cells": []}),
+                                 'its "metadata" is [], not an object'),
+        "g_no_version.ipynb": (json.dumps({"metadata": {}, "cells": [cell]}),
+                               'not an nbformat 4 notebook ("nbformat" is None); open it in Jupyter and save it'),
+        # a string, not a list: "solution" in "nosolution" would drop a cell that is no answer
+        "h_tag_string.ipynb": (json.dumps({**top, "cells": [{**cell, "metadata": {"tags": "nosolution"}}]}),
+                               "cell 0's tags is 'nosolution', not a list; write it as [\"nosolution\"]"),
+    }
+    for name, (text, _) in bad.items():
+        path = folder / "notebooks" / name
+        path.write_bytes(b'{"cells": [], "x": "\xff"}') if text is None else path.write_text(text)
+    names = " ".join(f"notebooks/{n}" for n in [*bad, "00_tour.ipynb", "07_planner.ipynb"])  # the good ones last
+    code, out, err = _typed_in(folder, f"scripts/learner_copies.py --out learners --notebooks {names}")
+    assert code == 1 and err.splitlines() == [f"error: notebooks/{name}: {line}" for name, (_, line) in bad.items()]
+    assert sorted(p.name for p in (folder / "learners").iterdir()) == ["00_tour.ipynb", "07_planner.ipynb"]
+    assert out.endswith(f"learners' copies in learners; {len(bad)} not written (above)\n")
+
+
+def test_learner_copies_refuse_an_out_that_is_a_file_in_one_line(tmp_path):
+    folder = _copy_of_the_course(tmp_path, "learner_copies.py")
+    (folder / "learners").write_text("my notes")
+    assert _typed_in(folder, "scripts/learner_copies.py --out learners") == (
+        2, "", "error: --out learners is a file, not a folder; pass a folder such as --out learners\n")
+    assert (folder / "learners").read_text() == "my notes"
+
+
+def test_a_learner_copy_whose_write_fails_leaves_the_learners_copy_as_it_was(tmp_path):
+    folder = _copy_of_the_course(tmp_path, "learner_copies.py")
+    (folder / "learners").mkdir()
+    (folder / "learners" / "00_tour.ipynb").write_text("my answers")
+    code, _, err = _typed_in(folder, "scripts/learner_copies.py --force --out learners --notebooks "
+                                     "notebooks/00_tour.ipynb", file_size_limit=4096)  # the copy: 16.5 KB
+    assert (code, err) == (1, "error: learners/00_tour.ipynb: cannot be written (File too large); the file there, "
+                              "if any, is unchanged\n")
+    assert _files_in(folder / "learners") == {"00_tour.ipynb": b"my answers"}  # no temporary file left either
+
+
+@pytest.mark.parametrize("out", [".", "./", "{abs}", "scripts/.."])
+def test_the_gpu_check_refuses_an_out_that_would_put_its_executed_copies_over_the_notebooks(tmp_path, out):
+    import pathlib
+
+    folder = _copy_of_the_course(tmp_path, "gpu_check.py")
+    before = _files_in(folder / "notebooks")
+    code, _, err = _typed_in(folder, f"scripts/gpu_check.py --out {out.format(abs=folder)} --tar-only --budget-s 0 "
+                                     "--notebooks 00_tour")  # budget 0: no notebook runs, the files are still written
+    assert code == 2 and err.splitlines()[-1] == (
+        f"gpu_check.py: error: --out {pathlib.Path(out.format(abs=folder))} would write the executed notebooks over the ones it "
+        f"runs, in {folder / 'notebooks'} (and --tar-only would delete them); pass another folder such as "
+        "--out docs/gpu-reference")
+    assert _files_in(folder / "notebooks") == before  # before: every notebook deleted, the folder too
+
+
+def test_the_cli_json_that_cannot_be_written_leaves_the_users_file_as_it_was(tmp_path):
+    (tmp_path / "result.json").write_text('{"my": "last run"}')
+    code, _, err = _typed_in(tmp_path, "-m workbench --model mlp --data digits --steps 2 --log-every 1 "
+                                       "--eval-samples 0 --json result.json", file_size_limit=200)  # the figures: ~400 B
+    assert (code, err.splitlines()[-1]) == (1, "python -m workbench: error: --json 'result.json' could not be written "
+                                               "(File too large); the file there, if any, is unchanged")
+    assert _files_in(tmp_path) == {"result.json": b'{"my": "last run"}'}  # before: cut to 200 bytes of the new one
+
+
+def test_preflight_json_that_cannot_be_written_leaves_the_users_file_as_it_was(tmp_path):
+    (tmp_path / "findings.json").write_text("[]")
+    stub = ("import sys, workbench.preflight as p; p.preflight = lambda **k: [p.Finding('cores', 'ok', 'x' * 300)]; "
+            "sys.exit(p.main(['--json', 'findings.json']))")  # the checks themselves take half a minute
+    code, _, err = _typed_in(tmp_path, f'-c "{stub}"', file_size_limit=200)
+    assert (code, err) == (1, "python -m workbench.preflight: error: --json 'findings.json' could not be written "
+                              "(File too large); the file there, if any, is unchanged\n")
+    assert _files_in(tmp_path) == {"findings.json": b"[]"}
+
+
+def test_course_facts_whose_write_fails_leave_readme_and_workshop_as_they_were(tmp_path):
+    import pathlib
+    import shutil
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    folder = _copy_of_the_course(tmp_path, "course_facts.py", "course_words.py")
+    for name in ("notebooks", "benchmarks/results"):
+        shutil.copytree(root / name, folder / name, dirs_exist_ok=True)
+    (folder / "docs").mkdir()
+    for name in ("README.md", "docs/WORKSHOP.md"):
+        shutil.copy(root / name, folder / name)
+    before = {name: (folder / name).read_bytes() for name in ("README.md", "docs/WORKSHOP.md")}
+    code, _, err = _typed_in(folder, "scripts/course_facts.py", file_size_limit=4096)  # README: ~25 KB
+    assert (code, err) == (1, "README.md: could not be written (File too large); it is unchanged\n")
+    assert {name: (folder / name).read_bytes() for name in before} == before  # before: README cut to 4 KB
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "benchmarks", "docs", "notebooks", "scripts"]
+
+
+def test_summary_whose_write_fails_leaves_the_last_summary_as_it_was(tmp_path):
+    import pathlib
+    import shutil
+
+    folder = _copy_of_the_course(tmp_path, "summary.py")
+    (folder / "docs").mkdir()
+    shutil.copy(pathlib.Path(__file__).resolve().parent.parent / "docs" / "SUMMARY.md", folder / "docs" / "SUMMARY.md")
+    before = (folder / "docs" / "SUMMARY.md").read_bytes()
+    code, _, err = _typed_in(folder, "scripts/summary.py", file_size_limit=1024)
+    assert (code, err) == (1, "error: docs/SUMMARY.md could not be written (File too large); it is unchanged\n")
+    assert _files_in(folder / "docs") == {"SUMMARY.md": before}
+
+
+def test_the_notebook_runner_whose_write_fails_leaves_the_executed_copy_as_it_was(tmp_path):
+    folder = _copy_of_the_course(tmp_path, "nbrun.py")
+    (folder / "run.ipynb").write_text(json.dumps({"cells": [{"cell_type": "code", "metadata": {}, "outputs": [],
+                                                             "source": "print('x' * 500)", "execution_count": None}],
+                                                  "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    (folder / "out.ipynb").write_text("the last run's executed copy")
+    code, _, err = _typed_in(folder, "scripts/nbrun.py run.ipynb out.ipynb", file_size_limit=300)  # the copy: 812 B
+    assert (code, err.splitlines()[-1]) == (1, "error: out.ipynb could not be written (File too large); the file "
+                                               "there, if any, is unchanged")
+    assert (folder / "out.ipynb").read_text() == "the last run's executed copy"  # before: cut to 300 bytes
+    assert sorted(p.name for p in folder.iterdir()) == ["notebooks", "out.ipynb", "run.ipynb", "scripts"]

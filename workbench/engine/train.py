@@ -350,5 +350,7 @@ def _log_step(r: _Run, window: LossWindow, window_start: int, *, phases: LoopPha
     # fp16: the loss is the mean of the finite losses (skipped steps left out); the scale, the GradScaler's now
     state.log(window_loss, lr=r.optimizer.param_groups[0]["lr"], loss_scale=precision.loss_scale(accelerator))
     if cfg.save_state_dir and (state.step % (cfg.save_every or cfg.steps) == 0 or state.step == cfg.steps):
-        resume.save(accelerator, cfg, state)  # technique: save and resume (at log steps: windows line up)
+        # technique: save and resume (at log steps: windows line up); a disk without room for the
+        # weights and the optimizer's state is refused before a byte is written
+        resume.save(accelerator, cfg, state, size=parameter_bytes(r.model) + optimizer_state_bytes(r.optimizer))
     return state.step + 1
