@@ -9,6 +9,7 @@ test with an allocation error instead of the OS killing the test run or its neig
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import itertools
 import json
@@ -751,3 +752,93 @@ def test_a_bool_bit_width_is_refused_in_one_line():
 def test_run_refuses_a_config_that_is_not_a_run_config():
     assert _run_error({"model": "mlp"}, TypeError) == (
         "config must be a RunConfig, got dict; pass e.g. RunConfig(model='mlp')")
+
+
+# --- round 3: the monitor's results, QAT schemes, the compile cache, security (issue 28) ---
+
+def _monitored(steps: int, *, run_for: int | None = None, loss_at=lambda step, loss: loss, give_loss: bool = True,
+               sinks=()) -> tuple[wb.Monitor, list[int]]:
+    """A hand loop of `run_for` steps (default `steps`) under wb.monitor(steps=steps, log_every=4);
+    `loss_at(step, loss)` is the loss it trains on and gives mon.loss. Returns the monitor and the steps run."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ran = []
+    with wb.monitor(model, optimizer, steps=steps, log_every=4, name="hand", sinks=sinks) as mon:
+        for step in range(1, (run_for or steps) + 1):
+            ran.append(step)
+            with mon.step(samples=8):
+                loss = loss_at(step, model(torch.ones(8, 4)).square().mean())
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                if give_loss:
+                    mon.loss(loss)
+    return mon, ran
+
+
+def test_a_monitored_loss_that_turns_nan_ends_the_loop_as_diverged_naming_the_step():
+    lines = []
+    sink = TextSink(stream=None)
+    sink._print = lines.append
+    mon, ran = _monitored(12, loss_at=lambda step, loss: loss * math.nan if step == 6 else loss, sinks=[sink])
+    message = ("the loss became non-finite (nan or inf) at step 6; stopped the loop at step 8; "
+               "lower lr (now 0.1) or clip the gradients (torch.nn.utils.clip_grad_norm_)")
+    assert (mon.result.status, mon.result.message, mon.result.steps_done, ran) == ("diverged", message, 8, list(range(1, 9)))
+    assert mon.result.loss_steps == [4] and math.isfinite(mon.result.losses[0])  # the curve before it, no NaN
+    assert lines[-1].startswith(f"[hand] diverged after 8 steps: {message}")
+    # A loop that stops between log steps: its last losses are read when the block ends.
+    mon, _ = _monitored(12, run_for=7, loss_at=lambda step, loss: loss * math.inf if step == 6 else loss)
+    assert (mon.result.status, mon.result.message.split(";")[:2]) == (
+        "diverged", ["the loss became non-finite (nan or inf) at step 6", " stopped the loop at step 7"])
+
+
+def test_a_monitored_loop_that_never_gives_a_loss_has_no_losses_and_says_so():
+    from workbench.lessons.exercises import Disagree
+
+    lines, sink = [], RecordingSink()
+    text = TextSink(stream=None, min_interval_s=0)
+    text._print = lines.append
+    mon, _ = _monitored(8, give_loss=False, sinks=[sink, text])
+    note = "no loss measured: the loop never called mon.loss(loss), so the result has no loss curve"
+    result = mon.result
+    assert (result.status, result.message, result.losses, result.loss_steps) == ("ok", note, [], [])
+    assert [r.loss for r in sink.steps] == [None, None] and sink.ends[-1].message == note
+    assert "no loss measured" in lines[1] and lines[-1].startswith(f"[hand] done: 8 steps; {note}")
+    assert "0.0000" not in "".join(lines) and result.final_loss is None and "loss n/a" in repr(result)
+    measured = dataclasses.replace(_monitored(8)[0].result, name="measured")
+    table = wb.compare([result, measured])
+    assert table.rows()[0][table.header.index("final train loss")] == "n/a"
+    table.make_figure()  # the loss axes draw the other run's curve and nothing for this one
+    with pytest.raises(Disagree, match=r"^by hand logged no loss \(wb.run logged 2\): call mon.loss\(loss\) in each step$"):
+        wb.agree(result, measured)
+    pytest.importorskip("ipywidgets")
+    from workbench.views.dashboard import Dashboard
+
+    dash = Dashboard(auto_display=False)
+    for start in sink.starts:
+        dash.start(start)
+    for record in sink.steps:
+        dash.log(record)
+    dash.end(sink.ends[-1])
+    assert dash.runs[-1].curve.losses == [] and note in dash.details.value
+
+
+@pytest.mark.parametrize("given, message", [
+    (torch.ones(8), "mon.loss takes the micro-batch's loss as one real number, got a tensor of shape (8,); "
+                    "pass the scalar you call backward() on, e.g. mon.loss(loss.mean())"),
+    (torch.ones(0), "mon.loss takes the micro-batch's loss as one real number, got a tensor of shape (0,); "
+                    "pass the scalar you call backward() on, e.g. mon.loss(loss.mean())"),
+    (torch.tensor(1 + 1j), "mon.loss takes the micro-batch's loss as one real number, got a tensor of dtype "
+                           "torch.complex64; pass the scalar you call backward() on, e.g. mon.loss(loss.mean())"),
+    (1.5, "mon.loss takes the loss tensor, got float; pass mon.loss(loss), not loss.item()"),
+    ("0.3", "mon.loss takes the loss tensor, got str; pass mon.loss(loss), not loss.item()"),
+])
+def test_mon_loss_refuses_what_is_not_one_loss_in_one_line(given, message):
+    mon = wb.monitor(torch.nn.Linear(2, 2), steps=1, sinks=[])
+    with mon:
+        with mon.step(samples=4):
+            with pytest.raises((TypeError, ValueError)) as info:
+                mon.loss(given)
+            mon.loss(torch.full((1, 1), 2.0))  # one number in any shape is one loss
+    assert str(info.value) == message and mon.result.losses == [2.0]
