@@ -842,3 +842,54 @@ def test_mon_loss_refuses_what_is_not_one_loss_in_one_line(given, message):
                 mon.loss(given)
             mon.loss(torch.full((1, 1), 2.0))  # one number in any shape is one loss
     assert str(info.value) == message and mon.result.losses == [2.0]
+
+
+def _qat_prepared(bits: int | None = 4, **fake_quantize) -> torch.nn.Module:
+    """A two-Linear MLP prepared for QAT as RunConfig(qat=f'int{bits}') prepares it, or (bits None)
+    with torchao's own QATConfig(weight_config=IntxFakeQuantizeConfig(**fake_quantize))."""
+    pytest.importorskip("torchao")
+    from torchao.quantization import quantize_
+    from torchao.quantization.qat import IntxFakeQuantizeConfig, QATConfig
+
+    from workbench.switches.qat import prepare_qat
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    if bits is not None:
+        return prepare_qat(model, bits=bits)
+    quantize_(model, QATConfig(weight_config=IntxFakeQuantizeConfig(**fake_quantize), step="prepare"))
+    return model
+
+
+@pytest.mark.parametrize("prepared, bits, message", [
+    (dict(bits=4), 8, "convert_qat(bits=8) would quantize to int8 activations, int8 weights per channel, but the model "
+                      "was trained with int8 activations, int4 weights per channel; pass bits=4, the width it trained with"),
+    (dict(bits=2), 4, "convert_qat(bits=4) would quantize to int8 activations, int4 weights per channel, but the model "
+                      "was trained with int8 activations, int2 weights per channel; pass bits=2, the width it trained with"),
+    (dict(bits=None, dtype=torch.int4, group_size=32), 4,
+     "convert_qat(bits=4) would quantize to int8 activations, int4 weights per channel, but the model was trained "
+     "with activations unquantized, int4 weights in groups of 32; convert it with the torchao QATConfig it was "
+     "prepared with (step='convert')"),
+])
+def test_convert_qat_refuses_a_scheme_other_than_the_one_the_model_trained_with(prepared, bits, message):
+    from workbench.lessons.quantization import convert_qat
+
+    model = _qat_prepared(**prepared)
+    with pytest.raises(ValueError) as info:
+        convert_qat(model, bits=bits)
+    assert str(info.value) == message
+    assert all(type(m).__name__ != "Linear" for m in model.modules())  # the trained model is untouched
+
+
+def test_convert_qat_converts_at_the_trained_width_and_refuses_what_is_no_model():
+    from workbench.lessons.quantization import convert_qat
+
+    converted = convert_qat(_qat_prepared(bits=4), bits=4)
+    assert [type(m).__name__ for m in converted.modules()].count("Linear") == 2  # real quantized Linears
+    with pytest.raises(TypeError) as info:
+        convert_qat("model.pt", bits=4)
+    assert str(info.value) == "model must be a torch.nn.Module, got str; pass result.model from wb.run(..., keep_model=True)"
+    with pytest.raises(ValueError) as info:  # never prepared for QAT
+        convert_qat(torch.nn.Sequential(torch.nn.Linear(4, 2)), bits=4)
+    assert str(info.value) == ("this model has no fake-quantized layers: train it with RunConfig(qat='int4') "
+                               "(or prepare_qat) first, or use weight_intx() for PTQ")
