@@ -25,7 +25,7 @@ import torch
 
 import workbench as wb
 from workbench import ConfigError, RunConfig
-from workbench.core import limits
+from workbench.core import hardware, limits
 from workbench.engine import resume, train
 from workbench.engine.launch import launch
 from workbench.engine.train import RunInterrupted, run
@@ -893,3 +893,60 @@ def test_convert_qat_converts_at_the_trained_width_and_refuses_what_is_no_model(
         convert_qat(torch.nn.Sequential(torch.nn.Linear(4, 2)), bits=4)
     assert str(info.value) == ("this model has no fake-quantized layers: train it with RunConfig(qat='int4') "
                                "(or prepare_qat) first, or use weight_intx() for PTQ")
+
+
+_DAMAGED_COMPILE_CACHE = """
+import json, os, pathlib, shutil
+import torch
+from torch._inductor.utils import clear_caches
+import workbench as wb
+
+folder = pathlib.Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+net = lambda: torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10, bias=False))  # mm only: no C++ to build
+
+def hand_loop():
+    model = net()
+    compiled, optimizer = torch.compile(model), torch.optim.SGD(model.parameters(), lr=0.1)
+    with wb.monitor(model, optimizer, steps=2, sinks=[]) as mon:
+        for _ in range(2):
+            with mon.step(samples=8):
+                loss = compiled(torch.ones(8, 1, 8, 8)).square().mean()
+                loss.backward(); optimizer.step(); optimizer.zero_grad(); mon.loss(loss)
+    return mon.result.status
+
+def error_of(train):
+    try:
+        train()
+    except Exception as error:
+        return [type(error).__name__, str(error), wb.last_result().status, wb.last_result().message]
+
+said = {"cold": hand_loop()}
+for path in folder.rglob("*.py"):  # the compiled wrapper code, swapped for garbage
+    path.write_text("garbage\\n")
+clear_caches(); torch._dynamo.reset()  # nothing kept in memory: what inductor loads comes from the folder
+config = wb.RunConfig(model=net(), data="digits", batch_size=8, steps=2, eval_samples=0, compile="default")
+said["run"] = error_of(lambda: wb.run(config, sinks=[]))
+said["monitor"] = error_of(hand_loop)
+shutil.rmtree(folder); torch._dynamo.reset()  # the fix the message names, in the same process
+said["again"] = [hand_loop(), sorted({path.suffix for path in folder.rglob("*.py")})]  # trained, the cache rebuilt
+print(json.dumps(said))
+"""
+
+
+@pytest.mark.skipif(not torch._dynamo.is_dynamo_supported() or hardware.cpp_compiler() is None,
+                    reason="torch.compile cannot run here (no dynamo or no C++ compiler)")
+def test_a_damaged_compile_cache_is_named_in_one_line_with_the_fix_and_the_kernel_recovers(tmp_path):
+    import subprocess
+    import sys
+
+    folder = tmp_path / "inductor"
+    env = {k: v for k, v in os.environ.items() if k != "WORKBENCH_INDUCTOR_CACHE_DIR"}
+    done = subprocess.run([sys.executable, "-c", _DAMAGED_COMPILE_CACHE], capture_output=True, text=True, timeout=300,
+                          env={**env, "TORCHINDUCTOR_CACHE_DIR": str(folder), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    message = (f"torch.compile failed loading its cache folder '{folder}' (NameError: name 'garbage' is not defined): "
+               f"a file there is damaged; delete the folder (rm -rf '{folder}') and run again, and torch.compile "
+               "rebuilds it")
+    assert said["run"] == said["monitor"] == ["DamagedCompileCache", message, "failed", message]
+    assert said["cold"] == "ok" and said["again"] == ["ok", [".py"]]

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from workbench.core import hardware
+from workbench.core.compile_cache import damaged_cache
 from workbench.core.precisions import PRECISIONS
 from workbench.engine.ending import Diverged, RunInterrupted, non_finite_loss, remember
 from workbench.engine.state import LossWindow
@@ -121,7 +122,7 @@ class Monitor:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: Any) -> bool:
-        status, message = "ok", ""
+        status, message, damaged = "ok", "", None
         if kind is None and self._losses_given:  # the loop stopped between log steps: its last losses are read
             try:
                 self._read_window()
@@ -134,7 +135,8 @@ class Monitor:
         elif kind is not None and issubclass(kind, torch.OutOfMemoryError):
             status, message = "oom", str(error).splitlines()[0]
         elif kind is not None:
-            status, message = "failed", f"{kind.__name__}: {error}".splitlines()[0]
+            damaged = damaged_cache(error)  # a torch.compile cache file swapped or corrupted: the folder, the fix
+            status, message = "failed", str(damaged) if damaged else f"{kind.__name__}: {error}".splitlines()[0]
         elif not self.recorder.losses and self.recorder.step:
             message = NO_LOSS_NOTE
         self.result = self.recorder.result(config=self.description, status=status, message=message, model=self.model,
@@ -143,6 +145,8 @@ class Monitor:
         self.recorder.end(status, message, summary=self.result.summary())
         if status == "interrupted":
             raise RunInterrupted(self.result) from error
+        if damaged is not None:
+            raise damaged from error
         return status in ("oom", "diverged")  # like run(): these end the run with a result, not a traceback
 
     # -- inside the loop --

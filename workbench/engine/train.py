@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
 from typing import Any
 
-from workbench.core import custom, hardware
+from workbench.core import compile_cache, custom, hardware
 from workbench.core.config import RunConfig
 from workbench.core.models import loss_fn
 from workbench.engine import resume
@@ -213,11 +213,14 @@ def _ending(r: _Run) -> Iterator[None]:
             r.status, r.message = "oom", oom.describe_out_of_memory(error)  # a real allocation failure or the budget
         r.result = r.build_result()
     except BaseException as error:  # every sink that started hears how the run ended, whatever happened
-        r.status, r.message = "failed", f"{type(error).__name__}: {error}".splitlines()[0]
+        damaged = compile_cache.damaged_cache(error)  # a torch.compile cache file swapped or corrupted
+        r.status, r.message = "failed", str(damaged) if damaged else f"{type(error).__name__}: {error}".splitlines()[0]
         r.state.end("failed", r.message)
         keep_partial(r.build_result, error)
         if r.model is not None or r.optimizer is not None:  # refused before building anything: nothing to free
             free(r.accelerator)
+        if damaged is not None:
+            raise damaged from error
         raise
 
 
