@@ -950,3 +950,51 @@ def test_a_damaged_compile_cache_is_named_in_one_line_with_the_fix_and_the_kerne
                "rebuilds it")
     assert said["run"] == said["monitor"] == ["DamagedCompileCache", message, "failed", message]
     assert said["cold"] == "ok" and said["again"] == ["ok", [".py"]]
+
+
+class _Planted:
+    """A pickle that runs code when loaded: unpickling it calls open(marker, 'w'), which creates the file."""
+
+    def __init__(self, marker) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+@pytest.mark.parametrize("name, write", [
+    ("optimizer.bin", lambda obj, path: torch.save({"state": obj, "param_groups": []}, path)),  # accelerate's format
+    ("random_states_0.pkl", lambda obj, path: torch.save({"random_state": obj}, path)),
+    ("random_states_0.pkl", lambda obj, path: path.write_bytes(__import__("pickle").dumps(obj))),  # a bare pickle
+])
+def test_a_pickle_planted_in_a_checkpoint_never_runs_when_resuming(saved, tmp_path_factory, name, write):
+    marker = tmp_path_factory.mktemp("planted") / "the_pickle_ran"
+    folder = saved / "step_000008"
+    write(_Planted(marker), folder / name)
+    # The planter rewrites the checksums too (they catch damage, they are no signature).
+    loop = json.loads((folder / "workbench_loop.json").read_text())
+    loop["files"][name] = [(folder / name).stat().st_size, resume._digest(folder / name)]
+    (folder / "workbench_loop.json").write_text(json.dumps(loop))
+    message = _resume_error(saved)
+    assert not marker.exists()  # refused: torch.load(weights_only=True) never calls open()
+    assert message.startswith({"optimizer.bin": f"resume_from='{folder}' could not be loaded (UnpicklingError: ",
+                               "random_states_0.pkl": f"random_states_0.pkl in '{folder}' cannot be loaded "
+                                                      "(UnpicklingError); without it the resume cannot be exact;"}[name])
+    assert message.endswith(f"resume from '{saved / 'step_000004'}' (the save before it), or start afresh without resume_from")
+
+
+def test_a_hub_data_set_is_loaded_without_running_its_code(monkeypatch):
+    import datasets
+
+    from workbench.core.data import load_data
+
+    calls = []
+
+    def fake_load_dataset(*args, **kwargs):
+        calls.append((args, kwargs))
+        return datasets.Dataset.from_dict({"text": [f"review {i}" for i in range(20)], "label": [i % 2 for i in range(20)]})
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    load_data("hub:someone/remote-code-round-3", seq_len=8)
+    assert calls and all(kwargs.get("trust_remote_code", False) is False for _, kwargs in calls)
+    assert "HF_DATASETS_TRUST_REMOTE_CODE" not in os.environ  # nor switched on for every load
