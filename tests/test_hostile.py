@@ -904,13 +904,13 @@ import workbench as wb
 folder = pathlib.Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
 net = lambda: torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10, bias=False))  # mm only: no C++ to build
 
-def hand_loop():
+def hand_loop(extra=lambda: 0):
     model = net()
     compiled, optimizer = torch.compile(model), torch.optim.SGD(model.parameters(), lr=0.1)
     with wb.monitor(model, optimizer, steps=2, sinks=[]) as mon:
         for _ in range(2):
             with mon.step(samples=8):
-                loss = compiled(torch.ones(8, 1, 8, 8)).square().mean()
+                loss = compiled(torch.ones(8, 1, 8, 8)).square().mean() + extra()
                 loss.backward(); optimizer.step(); optimizer.zero_grad(); mon.loss(loss)
     return mon.result.status
 
@@ -929,6 +929,9 @@ said["run"] = error_of(lambda: wb.run(config, sinks=[]))
 said["monitor"] = error_of(hand_loop)
 shutil.rmtree(folder); torch._dynamo.reset()  # the fix the message names, in the same process
 said["again"] = [hand_loop(), sorted({path.suffix for path in folder.rglob("*.py")})]  # trained, the cache rebuilt
+cholesky = torch.compile(lambda x: torch.linalg.cholesky(x))  # an aten call: no C++ to build
+# An error raised while compiled code runs (its frames are in the folder too) stays that error.
+said["runtime"] = error_of(lambda: hand_loop(extra=lambda: cholesky(-torch.eye(3)).sum()))
 print(json.dumps(said))
 """
 
@@ -950,6 +953,7 @@ def test_a_damaged_compile_cache_is_named_in_one_line_with_the_fix_and_the_kerne
                "rebuilds it")
     assert said["run"] == said["monitor"] == ["DamagedCompileCache", message, "failed", message]
     assert said["cold"] == "ok" and said["again"] == ["ok", [".py"]]
+    assert said["runtime"][0] == "_LinAlgError" and said["runtime"][3].startswith("_LinAlgError: linalg.cholesky")
 
 
 class _Planted:

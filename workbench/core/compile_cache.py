@@ -92,18 +92,25 @@ class DamagedCompileCache(RuntimeError):
         return [f"DamagedCompileCache: {self}"]
 
 
-def damaged_cache(error: BaseException, environ: dict[str, str] | os._Environ = os.environ) -> DamagedCompileCache | None:
-    """The one-line error for `error` when it came from a file in inductor's cache folder (a frame
-    that ran one of its files, or a message that names one); None for any other error. The cause
-    it names is the innermost such error (inductor wraps it in `BackendCompilerFailed`)."""
-    folder = os.path.abspath(environ.get(CACHE_VARIABLE) or os.path.join(tempfile.gettempdir(), f"torchinductor_{_user()}"))
+def damaged_cache(error: BaseException,
+                  environ: dict[str, str] | os._Environ = os.environ) -> DamagedCompileCache | None:
+    """The one-line error for `error` when loading a file of inductor's cache folder failed: a file
+    of the folder that raised while it was loaded (module level), or an OSError / ImportError /
+    SyntaxError naming one (an .so that is not a library). Not an error raised while compiled code
+    ran (its frames are in the folder too): None for that and any other error. The cause it names
+    is the innermost (inductor wraps it in `BackendCompilerFailed`)."""
+    default = os.path.join(tempfile.gettempdir(), f"torchinductor_{_user()}")  # torch's, where none is set
+    folder = os.path.abspath(environ.get(CACHE_VARIABLE) or default)
     seen, chain, inside = set(), [error], []
     while chain:
         current = chain.pop(0)
         if current is None or id(current) in seen:
             continue
         seen.add(id(current))
-        places = [frame.filename for frame in traceback.extract_tb(current.__traceback__)] + [str(current)]
+        places = [frame.filename for frame in traceback.extract_tb(current.__traceback__) if frame.name == "<module>"]
+        places.append(str(getattr(current, "filename", "") or ""))
+        if isinstance(current, (OSError, ImportError)):
+            places.append(str(current))
         if any(folder + os.sep in place for place in places):
             inside.append(current)
         chain += [current.__cause__, current.__context__, getattr(current, "inner_exception", None)]
@@ -111,5 +118,6 @@ def damaged_cache(error: BaseException, environ: dict[str, str] | os._Environ = 
         return None
     said = str(inside[-1]).strip().splitlines()
     cause = f"{type(inside[-1]).__name__}: {said[0][:120]}" if said else type(inside[-1]).__name__
-    return DamagedCompileCache(f"torch.compile failed loading its cache folder '{folder}' ({cause}): a file there is "
-                               f"damaged; delete the folder (rm -rf '{folder}') and run again, and torch.compile rebuilds it")
+    return DamagedCompileCache(f"torch.compile failed loading its cache folder '{folder}' ({cause}): a file there "
+                               f"is damaged; delete the folder (rm -rf '{folder}') and run again, and torch.compile "
+                               "rebuilds it")

@@ -66,7 +66,8 @@ def diverged_message(cfg, first_bad: int, stopped: int) -> str:
         fix = "use precision='bf16' (fp32's range) or lower lr"
     else:
         fix = f"lower lr (now {cfg.lr:g})" + ("" if cfg.max_grad_norm else " or pass max_grad_norm=1.0")
-    return f"{non_finite_loss(cfg.precision, first_bad)}; stopped at step {stopped}, before the weights were saved; {fix}"
+    what = non_finite_loss(cfg.precision, first_bad)
+    return f"{what}; stopped at step {stopped}, before the weights were saved; {fix}"
 
 
 def non_finite_loss(precision: str, first_bad: int) -> str:

@@ -201,7 +201,8 @@ class Monitor:
         lower = "lower lr" + (f" (now {lr:g})" if isinstance(lr, (int, float)) else "")
         fix = (f"autocast to torch.bfloat16 (fp32's range) or {lower}" if self.description.precision == "fp16"
                else f"{lower} or clip the gradients (torch.nn.utils.clip_grad_norm_)")
-        return f"{non_finite_loss(self.description.precision, first_bad)}; stopped the loop at step {self.recorder.step}; {fix}"
+        what = non_finite_loss(self.description.precision, first_bad)
+        return f"{what}; stopped the loop at step {self.recorder.step}; {fix}"
 
     def loss(self, loss: torch.Tensor) -> None:
         """The loss of a micro-batch, one number (a tensor: kept on the device, read at log steps only)."""

@@ -75,7 +75,8 @@ class TextSink:
         """'ok' as done; every other status (oom, diverged, interrupted, failed, or one added
         later) as that status, the steps done and the message, which says what to change."""
         if record.status == "ok":
-            line = f"[{record.run_name}] done: {record.steps_done} steps" + (f"; {record.message}" if record.message else "")
+            line = f"[{record.run_name}] done: {record.steps_done} steps"
+            line += f"; {record.message}" if record.message else ""  # 'ok' with a note
         else:
             line = f"[{record.run_name}] {record.status} after {record.steps_done} steps: {record.message}"
         step_time, samples = record.summary.get("step_time_s"), record.summary.get("samples_per_sec")
