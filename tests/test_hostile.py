@@ -844,6 +844,39 @@ def test_mon_loss_refuses_what_is_not_one_loss_in_one_line(given, message):
     assert str(info.value) == message and mon.result.losses == [2.0]
 
 
+def _nan_on_rank_1_at_step_4():
+    """Each of two processes: a hand loop under wb.monitor that all-reduces its gradients (as notebook
+    06's by hand), whose loss on rank 1 only turns NaN at step 4, the last of a log window."""
+    import torch.distributed as dist
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with wb.monitor(model, optimizer, steps=8, log_every=4, sinks=[], accelerator=accelerator) as mon:
+        for step in range(1, 9):
+            with mon.step(samples=8):
+                loss = model(torch.ones(8, 4)).square().mean()
+                loss = loss * math.nan if step == 4 and accelerator.process_index == 1 else loss
+                loss.backward()
+                for p in model.parameters():
+                    dist.all_reduce(p.grad)  # a process that stopped alone would leave the other waiting here
+                optimizer.step()
+                optimizer.zero_grad()
+                mon.loss(loss)
+    return mon.result.status, mon.result.message, mon.result.losses
+
+
+def test_one_monitored_process_diverging_stops_every_process_together():
+    from workbench.engine.launch import launch_function
+
+    ranks = launch_function(_nan_on_rank_1_at_step_4, num_processes=2, device="cpu", timeout_s=120)
+    message = ("the loss became non-finite (nan or inf) at step 4; stopped the loop at step 4; "
+               "lower lr (now 0.1) or clip the gradients (torch.nn.utils.clip_grad_norm_)")
+    assert ranks == [("diverged", message, []), ("diverged", message, [])]
+
+
 def _qat_prepared(bits: int | None = 4, **fake_quantize) -> torch.nn.Module:
     """A two-Linear MLP prepared for QAT as RunConfig(qat=f'int{bits}') prepares it, or (bits None)
     with torchao's own QATConfig(weight_config=IntxFakeQuantizeConfig(**fake_quantize))."""

@@ -105,6 +105,10 @@ class Monitor:
         self.result: RunResult | None = None
         """The RunResult, once the `with` block has ended (however it ended)."""
         self._window = LossWindow(self.device)  # this interval's losses, on the device: no sync per step
+        # Several processes: every log step joins their figures (as run() does), so a loss that went
+        # non-finite in one stops them all at once; one stopping alone would leave the rest waiting
+        # in their next all-reduce.
+        self._gather = accelerator.gather if processes > 1 else None
         self._window_ends: list[int] = []  # losses given by the end of each step of the window
         self._window_start = 1  # the step of the window's first loss
         self._losses_given = 0  # since the window began
@@ -125,7 +129,7 @@ class Monitor:
         status, message, damaged = "ok", "", None
         if kind is None and self._losses_given:  # the loop stopped between log steps: its last losses are read
             try:
-                self._read_window()
+                self._read_window(gather=False)  # the others may have stopped otherwise: no collective here
             except Diverged as diverged:
                 kind, error = Diverged, diverged
         if kind is not None and issubclass(kind, Diverged):
@@ -183,15 +187,15 @@ class Monitor:
     def _lr(self) -> float | None:
         return self.optimizer.param_groups[0]["lr"] if self.optimizer is not None else None
 
-    def _read_window(self) -> float | None:
-        """The window's mean loss (None: none given), which then starts afresh. A non-finite
-        loss has poisoned the weights (fp16: only a window of no finite loss, as run() decides):
-        Diverged, naming the step it first appeared at."""
+    def _read_window(self, *, gather: bool = True) -> float | None:
+        """The window's mean loss (None: none given; several processes: over them all), which then
+        starts afresh. A non-finite loss has poisoned the weights (fp16: only a window of no finite
+        loss, as run() decides): Diverged, naming the step it first appeared at."""
         given, ends, start = self._losses_given, self._window_ends, self._window_start
         self._losses_given, self._window_ends, self._window_start = 0, [], self.recorder.step + 1
         if not given:
             return None
-        loss, finite, first_bad = self._window.close()
+        loss, finite, first_bad = self._window.close(self._gather if gather else None)
         if first_bad is not None and stops_on(self.description.precision, finite):
             raise Diverged(self._diverged(start + bisect.bisect_right(ends, first_bad)))
         return loss
