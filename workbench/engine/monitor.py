@@ -63,7 +63,8 @@ class Monitor:
             results table and the right peak FLOP/s (labels: the monitor does not change the loop).
         text: the loop passes `tokens=` per step (tokens/s).
         count_first_step: count the first step's saved activations and FLOPs exactly.
-        accelerator: under accelerate with several processes, for the rank and the group size.
+        accelerator: under accelerate with several processes, for the rank and the group size (the
+            logged loss is then the mean over the processes, as run() logs it).
 
     Example:
         >>> model = torch.nn.Linear(4, 2); opt = torch.optim.SGD(model.parameters(), lr=0.1)
