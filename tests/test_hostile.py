@@ -9,6 +9,7 @@ test with an allocation error instead of the OS killing the test run or its neig
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import itertools
 import json
@@ -24,7 +25,7 @@ import torch
 
 import workbench as wb
 from workbench import ConfigError, RunConfig
-from workbench.core import limits
+from workbench.core import hardware, limits
 from workbench.engine import resume, train
 from workbench.engine.launch import launch
 from workbench.engine.train import RunInterrupted, run
@@ -1275,3 +1276,286 @@ def test_the_notebook_runner_whose_write_fails_leaves_the_executed_copy_as_it_wa
                                                "there, if any, is unchanged")
     assert (folder / "out.ipynb").read_text() == "the last run's executed copy"  # before: cut to 300 bytes
     assert sorted(p.name for p in folder.iterdir()) == ["notebooks", "out.ipynb", "run.ipynb", "scripts"]
+
+
+# --- round 3: the monitor's results, QAT schemes, the compile cache, security (issue 28) ---
+
+def _monitored(steps: int, *, run_for: int | None = None, loss_at=lambda step, loss: loss, give_loss: bool = True,
+               sinks=()) -> tuple[wb.Monitor, list[int]]:
+    """A hand loop of `run_for` steps (default `steps`) under wb.monitor(steps=steps, log_every=4);
+    `loss_at(step, loss)` is the loss it trains on and gives mon.loss. Returns the monitor and the steps run."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ran = []
+    with wb.monitor(model, optimizer, steps=steps, log_every=4, name="hand", sinks=sinks) as mon:
+        for step in range(1, (run_for or steps) + 1):
+            ran.append(step)
+            with mon.step(samples=8):
+                loss = loss_at(step, model(torch.ones(8, 4)).square().mean())
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                if give_loss:
+                    mon.loss(loss)
+    return mon, ran
+
+
+def test_a_monitored_loss_that_turns_nan_ends_the_loop_as_diverged_naming_the_step():
+    lines = []
+    sink = TextSink(stream=None)
+    sink._print = lines.append
+    mon, ran = _monitored(12, loss_at=lambda step, loss: loss * math.nan if step == 6 else loss, sinks=[sink])
+    message = ("the loss became non-finite (nan or inf) at step 6; stopped the loop at step 8; "
+               "lower lr (now 0.1) or clip the gradients (torch.nn.utils.clip_grad_norm_)")
+    assert (mon.result.status, mon.result.message, mon.result.steps_done, ran) == ("diverged", message, 8, list(range(1, 9)))
+    assert mon.result.loss_steps == [4] and math.isfinite(mon.result.losses[0])  # the curve before it, no NaN
+    assert lines[-1].startswith(f"[hand] diverged after 8 steps: {message}")
+    # A loop that stops between log steps: its last losses are read when the block ends.
+    mon, _ = _monitored(12, run_for=7, loss_at=lambda step, loss: loss * math.inf if step == 6 else loss)
+    assert (mon.result.status, mon.result.message.split(";")[:2]) == (
+        "diverged", ["the loss became non-finite (nan or inf) at step 6", " stopped the loop at step 7"])
+
+
+def test_a_monitored_loop_that_never_gives_a_loss_has_no_losses_and_says_so():
+    from workbench.lessons.exercises import Disagree
+
+    lines, sink = [], RecordingSink()
+    text = TextSink(stream=None, min_interval_s=0)
+    text._print = lines.append
+    mon, _ = _monitored(8, give_loss=False, sinks=[sink, text])
+    note = "no loss measured: the loop never called mon.loss(loss), so the result has no loss curve"
+    result = mon.result
+    assert (result.status, result.message, result.losses, result.loss_steps) == ("ok", note, [], [])
+    assert [r.loss for r in sink.steps] == [None, None] and sink.ends[-1].message == note
+    assert "no loss measured" in lines[1] and lines[-1].startswith(f"[hand] done: 8 steps; {note}")
+    assert "0.0000" not in "".join(lines) and result.final_loss is None and "loss n/a" in repr(result)
+    measured = dataclasses.replace(_monitored(8)[0].result, name="measured")
+    table = wb.compare([result, measured])
+    assert table.rows()[0][table.header.index("final train loss")] == "n/a"
+    table.make_figure()  # the loss axes draw the other run's curve and nothing for this one
+    with pytest.raises(Disagree, match=r"^by hand logged no loss \(wb.run logged 2\): call mon.loss\(loss\) in each step$"):
+        wb.agree(result, measured)
+    pytest.importorskip("ipywidgets")
+    from workbench.views.dashboard import Dashboard
+
+    dash = Dashboard(auto_display=False)
+    for start in sink.starts:
+        dash.start(start)
+    for record in sink.steps:
+        dash.log(record)
+    dash.end(sink.ends[-1])
+    assert dash.runs[-1].curve.losses == [] and note in dash.details.value
+
+
+@pytest.mark.parametrize("given, message", [
+    (torch.ones(8), "mon.loss takes the micro-batch's loss as one real number, got a tensor of shape (8,); "
+                    "pass the scalar you call backward() on, e.g. mon.loss(loss.mean())"),
+    (torch.ones(0), "mon.loss takes the micro-batch's loss as one real number, got a tensor of shape (0,); "
+                    "pass the scalar you call backward() on, e.g. mon.loss(loss.mean())"),
+    (torch.tensor(1 + 1j), "mon.loss takes the micro-batch's loss as one real number, got a tensor of dtype "
+                           "torch.complex64; pass the scalar you call backward() on, e.g. mon.loss(loss.mean())"),
+    (1.5, "mon.loss takes the loss tensor, got float; pass mon.loss(loss), not loss.item()"),
+    ("0.3", "mon.loss takes the loss tensor, got str; pass mon.loss(loss), not loss.item()"),
+])
+def test_mon_loss_refuses_what_is_not_one_loss_in_one_line(given, message):
+    mon = wb.monitor(torch.nn.Linear(2, 2), steps=1, sinks=[])
+    with mon:
+        with mon.step(samples=4):
+            with pytest.raises((TypeError, ValueError)) as info:
+                mon.loss(given)
+            mon.loss(torch.full((1, 1), 2.0))  # one number in any shape is one loss
+    assert str(info.value) == message and mon.result.losses == [2.0]
+
+
+def _nan_on_rank_1_at_step_4():
+    """Each of two processes: a hand loop under wb.monitor that all-reduces its gradients (as notebook
+    06's by hand), whose loss on rank 1 only turns NaN at step 4, the last of a log window."""
+    import torch.distributed as dist
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with wb.monitor(model, optimizer, steps=8, log_every=4, sinks=[], accelerator=accelerator) as mon:
+        for step in range(1, 9):
+            with mon.step(samples=8):
+                loss = model(torch.ones(8, 4)).square().mean()
+                loss = loss * math.nan if step == 4 and accelerator.process_index == 1 else loss
+                loss.backward()
+                for p in model.parameters():
+                    dist.all_reduce(p.grad)  # a process that stopped alone would leave the other waiting here
+                optimizer.step()
+                optimizer.zero_grad()
+                mon.loss(loss)
+    return mon.result.status, mon.result.message, mon.result.losses
+
+
+def test_one_monitored_process_diverging_stops_every_process_together():
+    from workbench.engine.launch import launch_function
+
+    ranks = launch_function(_nan_on_rank_1_at_step_4, num_processes=2, device="cpu", timeout_s=120)
+    message = ("the loss became non-finite (nan or inf) at step 4; stopped the loop at step 4; "
+               "lower lr (now 0.1) or clip the gradients (torch.nn.utils.clip_grad_norm_)")
+    assert ranks == [("diverged", message, []), ("diverged", message, [])]
+
+
+def _qat_prepared(bits: int | None = 4, **fake_quantize) -> torch.nn.Module:
+    """A two-Linear MLP prepared for QAT as RunConfig(qat=f'int{bits}') prepares it, or (bits None)
+    with torchao's own QATConfig(weight_config=IntxFakeQuantizeConfig(**fake_quantize))."""
+    pytest.importorskip("torchao")
+    from torchao.quantization import quantize_
+    from torchao.quantization.qat import IntxFakeQuantizeConfig, QATConfig
+
+    from workbench.switches.qat import prepare_qat
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    if bits is not None:
+        return prepare_qat(model, bits=bits)
+    quantize_(model, QATConfig(weight_config=IntxFakeQuantizeConfig(**fake_quantize), step="prepare"))
+    return model
+
+
+@pytest.mark.parametrize("prepared, bits, message", [
+    (dict(bits=4), 8, "convert_qat(bits=8) would quantize to int8 activations, int8 weights per channel, but the model "
+                      "was trained with int8 activations, int4 weights per channel; pass bits=4, the width it trained with"),
+    (dict(bits=2), 4, "convert_qat(bits=4) would quantize to int8 activations, int4 weights per channel, but the model "
+                      "was trained with int8 activations, int2 weights per channel; pass bits=2, the width it trained with"),
+    (dict(bits=None, dtype=torch.int4, group_size=32), 4,
+     "convert_qat(bits=4) would quantize to int8 activations, int4 weights per channel, but the model was trained "
+     "with activations unquantized, int4 weights in groups of 32; convert it with the torchao QATConfig it was "
+     "prepared with (step='convert')"),
+])
+def test_convert_qat_refuses_a_scheme_other_than_the_one_the_model_trained_with(prepared, bits, message):
+    from workbench.lessons.quantization import convert_qat
+
+    model = _qat_prepared(**prepared)
+    with pytest.raises(ValueError) as info:
+        convert_qat(model, bits=bits)
+    assert str(info.value) == message
+    assert all(type(m).__name__ != "Linear" for m in model.modules())  # the trained model is untouched
+
+
+def test_convert_qat_converts_at_the_trained_width_and_refuses_what_is_no_model():
+    from workbench.lessons.quantization import convert_qat
+
+    converted = convert_qat(_qat_prepared(bits=4), bits=4)
+    assert [type(m).__name__ for m in converted.modules()].count("Linear") == 2  # real quantized Linears
+    with pytest.raises(TypeError) as info:
+        convert_qat("model.pt", bits=4)
+    assert str(info.value) == "model must be a torch.nn.Module, got str; pass result.model from wb.run(..., keep_model=True)"
+    with pytest.raises(ValueError) as info:  # never prepared for QAT
+        convert_qat(torch.nn.Sequential(torch.nn.Linear(4, 2)), bits=4)
+    assert str(info.value) == ("this model has no fake-quantized layers: train it with RunConfig(qat='int4') "
+                               "(or prepare_qat) first, or use weight_intx() for PTQ")
+
+
+_DAMAGED_COMPILE_CACHE = """
+import json, os, pathlib, shutil
+import torch
+from torch._inductor.utils import clear_caches
+import workbench as wb
+
+folder = pathlib.Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+net = lambda: torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10, bias=False))  # mm only: no C++ to build
+
+def hand_loop(extra=lambda: 0):
+    model = net()
+    compiled, optimizer = torch.compile(model), torch.optim.SGD(model.parameters(), lr=0.1)
+    with wb.monitor(model, optimizer, steps=2, sinks=[]) as mon:
+        for _ in range(2):
+            with mon.step(samples=8):
+                loss = compiled(torch.ones(8, 1, 8, 8)).square().mean() + extra()
+                loss.backward(); optimizer.step(); optimizer.zero_grad(); mon.loss(loss)
+    return mon.result.status
+
+def error_of(train):
+    try:
+        train()
+    except Exception as error:
+        return [type(error).__name__, str(error), wb.last_result().status, wb.last_result().message]
+
+said = {"cold": hand_loop()}
+for path in folder.rglob("*.py"):  # the compiled wrapper code, swapped for garbage
+    path.write_text("garbage\\n")
+clear_caches(); torch._dynamo.reset()  # nothing kept in memory: what inductor loads comes from the folder
+config = wb.RunConfig(model=net(), data="digits", batch_size=8, steps=2, eval_samples=0, compile="default")
+said["run"] = error_of(lambda: wb.run(config, sinks=[]))
+said["monitor"] = error_of(hand_loop)
+shutil.rmtree(folder); torch._dynamo.reset()  # the fix the message names, in the same process
+said["again"] = [hand_loop(), sorted({path.suffix for path in folder.rglob("*.py")})]  # trained, the cache rebuilt
+cholesky = torch.compile(lambda x: torch.linalg.cholesky(x))  # an aten call: no C++ to build
+# An error raised while compiled code runs (its frames are in the folder too) stays that error.
+said["runtime"] = error_of(lambda: hand_loop(extra=lambda: cholesky(-torch.eye(3)).sum()))
+print(json.dumps(said))
+"""
+
+
+@pytest.mark.skipif(not torch._dynamo.is_dynamo_supported() or hardware.cpp_compiler() is None,
+                    reason="torch.compile cannot run here (no dynamo or no C++ compiler)")
+def test_a_damaged_compile_cache_is_named_in_one_line_with_the_fix_and_the_kernel_recovers(tmp_path):
+    import subprocess
+    import sys
+
+    folder = tmp_path / "inductor"
+    env = {k: v for k, v in os.environ.items() if k != "WORKBENCH_INDUCTOR_CACHE_DIR"}
+    done = subprocess.run([sys.executable, "-c", _DAMAGED_COMPILE_CACHE], capture_output=True, text=True, timeout=300,
+                          env={**env, "TORCHINDUCTOR_CACHE_DIR": str(folder), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    message = (f"torch.compile failed loading its cache folder '{folder}' (NameError: name 'garbage' is not defined): "
+               f"a file there is damaged; delete the folder (rm -rf '{folder}') and run again, and torch.compile "
+               "rebuilds it")
+    assert said["run"] == said["monitor"] == ["DamagedCompileCache", message, "failed", message]
+    assert said["cold"] == "ok" and said["again"] == ["ok", [".py"]]
+    assert said["runtime"][0] == "_LinAlgError" and said["runtime"][3].startswith("_LinAlgError: linalg.cholesky")
+
+
+class _Planted:
+    """A pickle that runs code when loaded: unpickling it calls open(marker, 'w'), which creates the file."""
+
+    def __init__(self, marker) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+@pytest.mark.parametrize("name, write", [
+    ("optimizer.bin", lambda obj, path: torch.save({"state": obj, "param_groups": []}, path)),  # accelerate's format
+    ("random_states_0.pkl", lambda obj, path: torch.save({"random_state": obj}, path)),
+    ("random_states_0.pkl", lambda obj, path: path.write_bytes(__import__("pickle").dumps(obj))),  # a bare pickle
+])
+def test_a_pickle_planted_in_a_checkpoint_never_runs_when_resuming(saved, tmp_path_factory, name, write):
+    marker = tmp_path_factory.mktemp("planted") / "the_pickle_ran"
+    folder = saved / "step_000008"
+    write(_Planted(marker), folder / name)
+    # The planter rewrites the checksums too (they catch damage, they are no signature).
+    loop = json.loads((folder / "workbench_loop.json").read_text())
+    loop["files"][name] = [(folder / name).stat().st_size, resume._digest(folder / name)]
+    (folder / "workbench_loop.json").write_text(json.dumps(loop))
+    message = _resume_error(saved)
+    assert not marker.exists()  # refused: torch.load(weights_only=True) never calls open()
+    assert message.startswith({"optimizer.bin": f"resume_from='{folder}' could not be loaded (UnpicklingError: ",
+                               "random_states_0.pkl": f"random_states_0.pkl in '{folder}' cannot be loaded "
+                                                      "(UnpicklingError); without it the resume cannot be exact;"}[name])
+    assert message.endswith(f"resume from '{saved / 'step_000004'}' (the save before it), or start afresh without resume_from")
+
+
+def test_a_hub_data_set_is_loaded_without_running_its_code(monkeypatch):
+    import datasets
+
+    from workbench.core.data import load_data
+
+    calls = []
+
+    def fake_load_dataset(*args, **kwargs):
+        calls.append((args, kwargs))
+        return datasets.Dataset.from_dict({"text": [f"review {i}" for i in range(20)], "label": [i % 2 for i in range(20)]})
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    load_data("hub:someone/remote-code-round-3", seq_len=8)
+    assert calls and all(kwargs.get("trust_remote_code", False) is False for _, kwargs in calls)
+    assert "HF_DATASETS_TRUST_REMOTE_CODE" not in os.environ  # nor switched on for every load

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
 from typing import Any
 
-from workbench.core import custom, hardware
+from workbench.core import compile_cache, custom, hardware
 from workbench.core.config import RunConfig
 from workbench.core.models import loss_fn
 from workbench.engine import resume
@@ -126,10 +126,11 @@ class _Run:
             return result
         return dataclasses.replace(result, model=self.accelerator.unwrap_model(self.model, keep_fp32_wrapper=False).eval())
 
-    def failed(self, error: BaseException) -> None:
-        """The run failed with `error`: its status, its message, and its result kept (`keep_partial`)."""
+    def failed(self, error: BaseException, message: str | None = None) -> None:
+        """The run failed with `error`: its status, its message (`message`, else the error's
+        first line), and its result kept on the error (`keep_partial`)."""
         after = f"after all {self.state.step} steps trained: " if self.trained else ""
-        self.status, self.message = "failed", after + f"{type(error).__name__}: {error}".splitlines()[0]
+        self.status, self.message = "failed", after + (message or f"{type(error).__name__}: {error}".splitlines()[0])
         keep_partial(self.ended_result, error)
 
 
@@ -234,10 +235,13 @@ def _ending(r: _Run) -> Iterator[None]:
             r.status, r.message = "oom", oom.describe_out_of_memory(error)  # a real allocation failure or the budget
         r.result = r.ended_result()
     except BaseException as error:  # every sink that started hears how the run ended, whatever happened
-        r.failed(error)
+        damaged = compile_cache.damaged_cache(error)  # a torch.compile cache file swapped or corrupted
+        r.failed(damaged or error, message=str(damaged) if damaged else None)
         r.state.end("failed", r.message)
         if r.model is not None or r.optimizer is not None:  # refused before building anything: nothing to free
             free(r.accelerator)
+        if damaged is not None:
+            raise damaged from error
         raise
 
 
