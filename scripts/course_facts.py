@@ -29,7 +29,7 @@ import json
 import pathlib
 import sys
 
-from workbench.core.files import write_whole
+from workbench.core.atomic_write import write_whole
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"

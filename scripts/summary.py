@@ -26,7 +26,7 @@ import re
 import sys
 from dataclasses import dataclass
 
-from workbench.core.files import write_whole
+from workbench.core.atomic_write import write_whole
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 HEADER = ("claim", "source", "measured here", "verdict")

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from workbench.core.config import ConfigError, RunConfig, field_choices
-from workbench.core.files import write_whole
+from workbench.core.atomic_write import write_whole
 
 
 def field_docs(cls: type) -> dict[str, str]:

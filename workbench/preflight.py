@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     findings = preflight()
     if args.json:
-        from workbench.core.files import write_whole
+        from workbench.core.atomic_write import write_whole
 
         try:  # whole or not at all: a full disk leaves the file that was there
             write_whole(args.json, json.dumps([asdict(x) for x in findings], indent=1))
