@@ -1,10 +1,23 @@
 # The two commands of the README. Both install what is missing first (scripts/setup.sh).
 PY := $(if $(VIRTUAL_ENV)$(CONDA_PREFIX),python,.venv/bin/python)
 
-.PHONY: learn lab course-facts test test-presets setup browser benchmark gpu-check preflight learner-copies run-all
+.PHONY: learn lab course-facts test test-presets setup browser benchmark gpu-check preflight learner-copies run-all lock wheelhouse drift
 
 setup:
 	@bash scripts/setup.sh lab,test,quantization
+
+# The versions: requirements/lock.txt (what CI tested) is what setup installs. `make lock` re-resolves
+# it (and environment.yml) at the newest releases pyproject admits; `make drift` first shows what
+# those would break; `make wheelhouse` puts every locked wheel in wheelhouse/ for a room without the
+# index (then WORKBENCH_WHEELHOUSE=wheelhouse make learn installs offline).
+lock: setup
+	$(PY) scripts/lock.py
+
+drift: setup
+	$(PY) scripts/drift.py
+
+wheelhouse:
+	bash scripts/wheelhouse.sh $(or $(WHEELHOUSE),wheelhouse)
 
 # Chromium (apt, needs root) for the real-browser dashboard test; where it cannot be
 # installed the browser test skips and says why.

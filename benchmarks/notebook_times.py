@@ -44,21 +44,25 @@ def _cell_seconds(cell: dict) -> float | None:
 
 
 # Appended to each notebook while it runs (and removed before it is saved): the CPU seconds the
-# kernel and its finished children (DataLoader workers, launched processes) used. On a machine
-# shared with other work the wall time grows with the load; the CPU seconds hardly do, so the
-# record keeps both, and the load average around each notebook.
-_CPU_CELL = """import json as _j, resource as _r
+# kernel and its finished children (DataLoader workers, launched processes) used, and the peak
+# resident memory of the kernel and of its largest child (what sizes a room: docs/WORKSHOP.md).
+# On a machine shared with other work the wall time grows with the load; the CPU seconds hardly
+# do, so the record keeps both, and the load average around each notebook.
+_CPU_CELL = """import json as _j, resource as _r, sys as _sys
 _s, _c = _r.getrusage(_r.RUSAGE_SELF), _r.getrusage(_r.RUSAGE_CHILDREN)
-print("__cpu_seconds__" + _j.dumps([_s.ru_utime + _s.ru_stime, _c.ru_utime + _c.ru_stime]))"""
+_k = 1 if _sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
+print("__cpu_seconds__" + _j.dumps([_s.ru_utime + _s.ru_stime, _c.ru_utime + _c.ru_stime,
+                                    _s.ru_maxrss * _k, _c.ru_maxrss * _k]))"""
 
 
-def _cpu_seconds(cell: dict) -> tuple[float | None, float | None]:
+def _cpu_seconds(cell: dict) -> tuple[float | None, ...]:
+    """(kernel CPU s, children's CPU s, kernel peak RSS MiB, largest child's peak RSS MiB)."""
     for output in cell.get("outputs", []):
         for line in output.get("text", "").splitlines():
             if line.startswith("__cpu_seconds__"):
-                own, children = json.loads(line.removeprefix("__cpu_seconds__"))
-                return round(own, 1), round(children, 1)
-    return None, None
+                own, children, peak, child_peak = json.loads(line.removeprefix("__cpu_seconds__"))
+                return round(own, 1), round(children, 1), round(peak / 2**20), round(child_peak / 2**20)
+    return None, None, None, None
 
 
 def run_notebook(path: pathlib.Path, *, timeout_s: int, save_to: pathlib.Path | None) -> dict:
@@ -85,14 +89,14 @@ def run_notebook(path: pathlib.Path, *, timeout_s: int, save_to: pathlib.Path | 
     except (CellTimeoutError, DeadKernelError) as exc:
         status, error = "timeout" if isinstance(exc, CellTimeoutError) else "dead kernel", str(exc)[:400]
     seconds = time.perf_counter() - began
-    cpu_s, children_cpu_s = _cpu_seconds(nb.cells.pop())
+    cpu_s, children_cpu_s, peak_mib, child_peak_mib = _cpu_seconds(nb.cells.pop())
     if save_to is not None:
         save_to.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, save_to / path.name)
     cells = [(i, _cell_seconds(c)) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
     slowest = sorted(((s, i) for i, s in cells if s is not None), reverse=True)[:5]
     return {"seconds": round(seconds, 1), "status": status, "error": error, "cpu_seconds": cpu_s,
-            "children_cpu_seconds": children_cpu_s,
+            "children_cpu_seconds": children_cpu_s, "peak_rss_mib": peak_mib, "largest_child_peak_rss_mib": child_peak_mib,
             "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
             "slowest_cells": [{"cell": i, "seconds": round(s, 1)} for s, i in slowest],
             "cells": {str(i): round(s, 1) for i, s in cells if s is not None}}
@@ -182,7 +186,8 @@ def _run(args: argparse.Namespace) -> int:
         before = previous.get(path.stem, {}).get("seconds")
         note = f" (before: {before:.0f} s)" if before else ""
         tail = "" if result["status"] == "ok" else f"  {result['status']}: {result['error']}"
-        cpu = f" (CPU {result['cpu_seconds']} s + children {result['children_cpu_seconds']} s; load {result['load_average']})"
+        cpu = (f" (CPU {result['cpu_seconds']} s + children {result['children_cpu_seconds']} s; "
+               f"peak {result['peak_rss_mib']} MiB, child {result['largest_child_peak_rss_mib']} MiB; load {result['load_average']})")
         print(f"{path.stem:<28} {result['seconds']:7.1f} s{note}{cpu}{tail}", flush=True)
     total = sum(r["seconds"] for r in record["notebooks"].values())
     record["total_seconds"] = round(total, 1)

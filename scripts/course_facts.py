@@ -29,6 +29,8 @@ import json
 import pathlib
 import sys
 
+from workbench.core.atomic_write import write_whole
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 # README's columns, in this order: the JupyterLab Run All records first (what a learner does).
@@ -129,9 +131,47 @@ def workshop_path(paths: list[pathlib.Path], results: pathlib.Path = RESULTS) ->
     return "\n".join(lines)
 
 
+# The room on one machine (docs/WORKSHOP.md): records with each notebook's peak memory
+# (benchmarks/notebook_times.py), the machine sizes a teacher rents, and what the system keeps.
+ROOM_RECORDS = ("cpu-quick-avx2", "cpu-avx2")
+ROOM_MACHINES = ((8, 32), (16, 64), (32, 128), (64, 256))  # (cores, GiB)
+SYSTEM_GIB = 4  # the OS, JupyterHub and its proxy
+
+
+def _learner_needs(nb: dict) -> tuple[int, int]:
+    """(MiB, cores) one learner holds while this notebook runs: the kernel's peak, plus two
+    processes at the largest child's peak where it started processes (04's workers, 06's ranks)."""
+    forks = (nb.get("children_cpu_seconds") or 0) >= 1
+    return nb["peak_rss_mib"] + (2 * nb["largest_child_peak_rss_mib"] if forks else 0), 2 if forks else 1
+
+
+def room_size(paths: list[pathlib.Path], results: pathlib.Path = RESULTS) -> str:
+    """Learners per machine for the three-hour path, from the measured peaks and CPU seconds."""
+    minutes = {p.stem: course_words.words(p)["minutes"] for p in paths}
+    path = [what for _, what, _ in plan(minutes)[0] if what in minutes]
+    records = [load_record(stem, results) for stem in ROOM_RECORDS if (results / f"{stem}.json").exists()]
+    records = [r for r in records if all("peak_rss_mib" in r["notebooks"].get(n, {}) for n in path)]
+    if not records:
+        return "Not measured yet: `python benchmarks/notebook_times.py --preset cpu --isa avx2 --out benchmarks/results/cpu-avx2.json`."
+    header = ["preset (record)", "memory a learner (MiB)", "cores a learner", "CPU s a learner, 3 h"]
+    header += [f"{c} cores, {g} GiB" for c, g in ROOM_MACHINES]
+    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    for r in records:
+        needs = [_learner_needs(r["notebooks"][n]) for n in path]
+        mib = max(m for m, _ in needs)
+        forking = [n[:2] for n, (_, c) in zip(path, needs) if c > 1]
+        cpu = sum((r["notebooks"][n].get("cpu_seconds") or 0) + (r["notebooks"][n].get("children_cpu_seconds") or 0)
+                  for n in path)
+        fits = [str(min(c, (g - SYSTEM_GIB) * 1024 // mib)) for c, g in ROOM_MACHINES]
+        lines.append(f"| {r['label']} ({r['date']}) | {mib:,} | 1" + (f" (2 in {', '.join(forking)})" if forking else "")
+                     + f" | {cpu:.0f} | " + " | ".join(fits) + " |")
+    return "\n".join(lines)
+
+
 BLOCKS = {  # (document, block name) -> what writes it
     ("README.md", "run-all-times"): run_all_times,
     ("docs/WORKSHOP.md", "workshop-path"): workshop_path,
+    ("docs/WORKSHOP.md", "room-size"): room_size,
 }
 
 
@@ -158,9 +198,12 @@ def stale(root: pathlib.Path = ROOT, *, write: bool = False) -> list[str]:
         if new != text:
             found.append(f"{document}: the '{name}' table is stale")
         texts[document] = new
-    if write:
+    if write:  # whole or not at all: a full disk must not cut README's hand-written text short
         for document, text in texts.items():
-            (root / document).write_text(text)
+            try:
+                write_whole(root / document, text)
+            except OSError as error:
+                raise SystemExit(f"{document}: could not be written ({error.strerror or error}); it is unchanged") from None
     return found
 
 

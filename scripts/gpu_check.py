@@ -14,7 +14,7 @@ OUT/notebooks unless --tar-only). Figures only a GPU can give are null, with the
 CPU dry run.
 
 Sizing: the whole check must fit 8 minutes on one H200 (fp32 without TF32 ~67 TFLOP/s, bf16
-~790). A gpu-preset GPT step (12 layers, d=768, 32 x 512 tokens) is ~10 TFLOP: ~0.2-0.3 s in
+~790). A gpu-preset GPT step as sized for an H200 (12 layers, d=768, 32 x 512 tokens) is ~10 TFLOP: ~0.2-0.3 s in
 fp32, so the preset's 300 steps would take 60-90 s a run, and notebooks 01, 02, 03 and 07 train
 2-3 such runs each (11 in all); each notebook's fresh process also pays ~10-15 s of imports and
 CUDA start-up. The check therefore caps steps at 30 (WORKBENCH_MAX_STEPS; the shapes stay the gpu
@@ -197,8 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         return child(args.child, args.out)
 
-    args.out.mkdir(parents=True, exist_ok=True)
     executed = args.out / "notebooks"
+    if executed.resolve() == (ROOT / "notebooks").resolve():  # measured: --out . --tar-only deleted them all
+        parser.error(f"--out {args.out} would write the executed notebooks over the ones it runs, in "
+                     f"{ROOT / 'notebooks'} (and --tar-only would delete them); pass another folder such as "
+                     "--out docs/gpu-reference")
+    args.out.mkdir(parents=True, exist_ok=True)
     executed.mkdir(exist_ok=True)
     env = {**os.environ, "WORKBENCH_PRESET": args.preset, "WORKBENCH_HEADLESS": "1", "HF_HUB_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",

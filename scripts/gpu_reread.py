@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import sys
 
@@ -77,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     from workbench.planner.estimate import estimate
 
     summary = json.loads(args.summary.read_text())
+    if summary["machine"].get("gpu_memory_bytes"):  # the gpu preset as it was sized on that card
+        os.environ.setdefault("WORKBENCH_GPU_MEMORY_GIB", str(summary["machine"]["gpu_memory_bytes"] / 2**30))
     capability = tuple(int(v) for v in summary["machine"].get("capability", "9.0").split("."))
     workspaces = 2 * cublas_workspace_bytes(capability)
     rows = []

@@ -12,8 +12,12 @@ measures the learner's own machine from scratch.
 It never loses work: it refuses to write into `notebooks/` (or the folder of a notebook it
 copies), refuses to replace an existing copy unless `--force` (a learner's copy holds their
 answers), and with `--missing` writes only the copies that do not exist yet (`make learn`). A
-file that is not a notebook (broken JSON, no "cells", a `tags` value that is not a list) is
-named on stderr and skipped; the others are still written, and the exit status is 1.
+file that is not a notebook (not UTF-8, broken JSON, no "cells", a cell without a type or
+source, metadata that is not an object, a `tags` value that is not a list of strings) is named on
+stderr in one line and skipped; the others are still written (each copy stands alone: one broken
+notebook must not keep a class from the rest), and the exit status is 1. Each copy is written to
+a temporary file and renamed over the old one when whole, so a failed write (a full disk) leaves
+the learner's copy as it was.
 
     python scripts/learner_copies.py                 # -> learners/NN_*.ipynb (make learner-copies)
     python scripts/learner_copies.py --missing       # only the copies not there yet (make learn)
@@ -25,11 +29,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import sys
 
 import nbformat
 from nbconvert.preprocessors import ClearMetadataPreprocessor, ClearOutputPreprocessor, TagRemovePreprocessor
+
+from workbench.core.atomic_write import write_whole  # whole or not at all: a full disk keeps a learner's answers
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SOLUTION_TAG = "solution"
@@ -45,19 +52,40 @@ def read_notebook(path: pathlib.Path) -> nbformat.NotebookNode:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise NotANotebook(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    except UnicodeDecodeError as e:
+        raise NotANotebook(f"{path}: not UTF-8 text (byte {e.start}); save it again from Jupyter") from None
     except OSError as e:
         raise NotANotebook(f"{path}: cannot be read ({e.strerror})") from None
     if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
         raise NotANotebook(f'{path}: not a notebook (no "cells" list)')
+    if data.get("nbformat") != 4:
+        raise NotANotebook(f'{path}: not an nbformat 4 notebook ("nbformat" is {data.get("nbformat")!r}); '
+                           "open it in Jupyter and save it")
+    if not isinstance(data.get("metadata", {}), dict):
+        raise NotANotebook(f'{path}: its "metadata" is {data["metadata"]!r}, not an object')
     for index, cell in enumerate(data["cells"]):
-        tags = cell.get("metadata", {}).get("tags", []) if isinstance(cell, dict) else None
-        if not isinstance(tags, list):
-            # nbconvert would test `"solution" in "solution"`-like strings character by character
-            # and keep the cell: a string here would leak an answer into the learner's copy.
-            raise NotANotebook(f"{path}: cell {index}'s tags is {tags!r}, not a list; "
-                               f'write it as ["{tags}"]' if isinstance(tags, str) else
-                               f"{path}: cell {index}'s tags is {tags!r}, not a list of strings")
+        problem = _cell_problem(cell)
+        if problem:
+            raise NotANotebook(f"{path}: cell {index}{problem}")
     return nbformat.from_dict(data)
+
+
+def _cell_problem(cell: object) -> str | None:
+    """What the copy cannot handle in a cell (the rest of nbformat's schema is not asked for: Jupyter
+    opens notebooks with odd metadata, and so does this), or None."""
+    if not isinstance(cell, dict) or not isinstance(cell.get("cell_type"), str) or "source" not in cell:
+        return ' is not a cell (it needs "cell_type" and "source")'
+    metadata = cell.get("metadata", {})
+    if not isinstance(metadata, dict):
+        return f"'s metadata is {metadata!r}, not an object"
+    tags = metadata.get("tags", [])
+    if isinstance(tags, str):
+        # nbconvert would test `"solution" in "nosolution"`-like strings as substrings: a string
+        # here would drop a cell that is no answer, or leak one that is.
+        return f"'s tags is {tags!r}, not a list; write it as [\"{tags}\"]"
+    if not isinstance(tags, list) or not all(isinstance(tag, str) for tag in tags):
+        return f"'s tags is {tags!r}, not a list of strings"
+    return None
 
 
 def learner_copy(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
@@ -77,10 +105,12 @@ def learner_copy(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
 
 def _refuse_folder(out: pathlib.Path, sources: list[pathlib.Path]) -> str | None:
     """Why `out` must not receive copies (it holds the originals), or None."""
-    out = out.resolve()
     originals = {(ROOT / "notebooks").resolve()} | {p.resolve().parent for p in sources}
-    if out in originals:
-        return f"{out} holds the teachers' notebooks: write the copies elsewhere (--out learners)"
+    for folder in originals:
+        # The same folder by its device and inode: a path compare misses a bind mount, or
+        # `Notebooks` on a case-insensitive disk (macOS, Windows).
+        if out.is_dir() and folder.is_dir() and os.path.samefile(out, folder):
+            return f"{folder} holds the teachers' notebooks: write the copies elsewhere (--out learners)"
     return None
 
 
@@ -98,7 +128,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {refused}", file=sys.stderr)
         return 2
     failed = []
-    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        what = "is a file, not a folder" if args.out.is_file() else f"cannot be made a folder ({e.strerror})"
+        print(f"error: --out {args.out} {what}; pass a folder such as --out learners", file=sys.stderr)
+        return 2
     for path in args.notebooks:
         target = args.out / path.name
         if target.exists() and not args.force:
@@ -113,8 +148,17 @@ def main(argv: list[str] | None = None) -> int:
         except NotANotebook as e:
             failed.append(str(e))
             continue
-        copy = learner_copy(notebook)
-        target.write_text(nbformat.writes(copy), encoding="utf-8")
+        try:
+            copy = learner_copy(notebook)
+            text = nbformat.writes(copy)
+        except Exception as e:  # noqa: BLE001: a shape the checks did not foresee is named, not a traceback half way
+            failed.append(f"{path}: cannot be copied ({type(e).__name__}: {(str(e).splitlines() or [''])[0]})")
+            continue
+        try:
+            write_whole(target, text)
+        except OSError as e:
+            failed.append(f"{target}: cannot be written ({e.strerror or e}); the file there, if any, is unchanged")
+            continue
         removed = len(notebook.cells) - len(copy.cells)
         print(f"{target}: {len(copy.cells)} cells, {removed} solution cell(s) removed, outputs cleared")
     for line in failed:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import pathlib
 import sys
 import time
@@ -88,6 +89,18 @@ def _shell(outputs: list[dict[str, Any]]) -> Any:
     return shell
 
 
+def _write_whole(target: pathlib.Path, text: str) -> None:
+    """`text` into `target` through a temporary file renamed over it: a process killed while it
+    writes (the GPU check's timeout) leaves the last cell's whole notebook, not a cut-short one.
+    (workbench.core.atomic_write.write_whole's twin: this runner imports nothing but IPython.)"""
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        temporary.write_text(text)
+        os.replace(temporary, target)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
 def execute(source: pathlib.Path, target: pathlib.Path, *,
             on_cell: Callable[[int, float], None] | None = None) -> tuple[str, str | None, dict[str, Any]]:
     """Run every code cell of `source` in order, writing the executed notebook to `target`
@@ -122,7 +135,7 @@ def execute(source: pathlib.Path, target: pathlib.Path, *,
             cell["outputs"].append({"output_type": "error", "ename": type(failure).__name__,
                                     "evalue": str(failure), "traceback": lines})
             status, error = "error", f"cell {index}: {type(failure).__name__}: {str(failure).strip()[:400]}"
-        target.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+        _write_whole(target, json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
         if on_cell is not None:
             on_cell(index, seconds)
         if failure is not None:
@@ -135,7 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 2:
         print("usage: python scripts/nbrun.py NOTEBOOK.ipynb EXECUTED.ipynb", file=sys.stderr)
         return 2
-    status, error, _ = execute(pathlib.Path(args[0]), pathlib.Path(args[1]))
+    try:
+        status, error, _ = execute(pathlib.Path(args[0]), pathlib.Path(args[1]))
+    except OSError as failure:  # the executed copy could not be written (a full disk)
+        print(f"error: {args[1]} could not be written ({failure.strerror or failure}); the file there, if any, "
+              "is unchanged", file=sys.stderr)
+        return 1
     print(f"\n{args[0]}: {status}" + (f" ({error})" if error else ""))
     return 0 if status == "ok" else 1
 

@@ -26,6 +26,8 @@ import re
 import sys
 from dataclasses import dataclass
 
+from workbench.core.atomic_write import write_whole
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 HEADER = ("claim", "source", "measured here", "verdict")
 VERDICTS = ("holds", "holds in part", "does not hold here", "not shown here")
@@ -177,7 +179,12 @@ def main(argv: list[str] | None = None) -> int:
             print("stale: docs/SUMMARY.md differs from the notebooks' claims; run python scripts/summary.py")
             return 1
         return 0
-    target.write_text(text)
+    try:  # whole or not at all: a full disk leaves the last SUMMARY.md
+        write_whole(target, text)
+    except OSError as error:
+        print(f"error: {target.relative_to(ROOT)} could not be written ({error.strerror or error}); it is unchanged",
+              file=sys.stderr)
+        return 1
     print(f"wrote {target.relative_to(ROOT)}")
     return 0
 

@@ -9,6 +9,7 @@ test with an allocation error instead of the OS killing the test run or its neig
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import itertools
 import json
@@ -24,7 +25,7 @@ import torch
 
 import workbench as wb
 from workbench import ConfigError, RunConfig
-from workbench.core import limits
+from workbench.core import hardware, limits
 from workbench.engine import resume, train
 from workbench.engine.launch import launch
 from workbench.engine.train import RunInterrupted, run
@@ -509,9 +510,11 @@ def test_a_save_that_fails_mid_run_names_the_last_good_one_and_keeps_the_result(
     sink = RecordingSink()
     with pytest.raises(resume.CheckpointError) as info:
         run(RunConfig(**{**TINY, "steps": 12}, save_state_dir=tmp_path, save_every=4), sinks=[sink])
-    assert str(info.value) == (f"saving step 8 to '{tmp_path / 'step_000008'}' failed (OSError: No space left on device); "
-                               "the last complete save is step_000004; free space or pass another save_state_dir (the result so far "
-                               "is workbench.last_result())")
+    assert re.fullmatch(rf"saving step 8 to '{re.escape(str(tmp_path / 'step_000008'))}' failed: the disk is full "
+                        r"\([\d.]+ [KMGT]?i?B free there, this save needs about 14\.2 KiB\); the last complete save, "
+                        rf"step_000004, is kept \(resume_from='{re.escape(str(tmp_path))}'\); free space there, or pass a "
+                        r"save_state_dir on a disk with room \(the result so far is workbench\.last_result\(\)\)",
+                        str(info.value)), str(info.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000004"]  # no half-written step folder
     kept = wb.last_result()
     assert (kept.status, kept.steps_done, kept.loss_steps) == ("failed", 8, [4, 8])  # nothing trained is lost
@@ -751,3 +754,808 @@ def test_a_bool_bit_width_is_refused_in_one_line():
 def test_run_refuses_a_config_that_is_not_a_run_config():
     assert _run_error({"model": "mlp"}, TypeError) == (
         "config must be a RunConfig, got dict; pass e.g. RunConfig(model='mlp')")
+
+
+# --- round 3: your own model and data (issue 28) ---
+
+from torch import nn  # noqa: E402
+from torch.utils.data import Dataset, Subset, TensorDataset  # noqa: E402
+
+from workbench.core import custom, label_range  # noqa: E402
+
+
+class OwnNet(nn.Module):
+    """8 features in, `classes` class scores out."""
+
+    def __init__(self, features: int = 8, classes: int = 10) -> None:
+        super().__init__()
+        self.hidden, self.head = nn.Linear(features, 16), nn.Linear(16, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.hidden(x)))
+
+
+class AuxInTraining(OwnNet):
+    def forward(self, x):
+        logits = super().forward(x)
+        return (logits, logits.mean()) if self.training else logits
+
+
+class Detached(OwnNet):
+    def forward(self, x):
+        return super().forward(x).detach()
+
+
+class NoGrad(OwnNet):
+    def forward(self, x):
+        with torch.no_grad():
+            return super().forward(x)
+
+
+class Items(Dataset):
+    """A map-style set that hands out (inputs, label) pairs from __getitem__ only, counting reads."""
+
+    def __init__(self, data: TensorDataset) -> None:
+        self.data, self.reads = data, 0
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, i):
+        self.reads += 1
+        return self.data[i]
+
+
+class WithTargets(Items):
+    """A set whose labels are also a `targets` column (torchvision's form)."""
+
+    def __init__(self, data: TensorDataset) -> None:
+        super().__init__(data)
+        self.targets = data.tensors[1].tolist()
+
+
+def own_data(n: int = 300, features: int = 8, seed: int = 0, bad: dict[int, int] | None = None) -> TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    data = TensorDataset(torch.randn(n, features, generator=g), torch.randint(0, 10, (n,), generator=g))
+    for item, label in (bad or {}).items():
+        data.tensors[1][item] = label
+    return data
+
+
+OWN = dict(batch_size=32, steps=8, log_every=4)
+
+
+def _refused_before_training(**config) -> str:
+    sink = RecordingSink()
+    message = _run_error(RunConfig(**{**OWN, **config}), sinks=[sink])
+    assert sink.starts == [], "refused before the run started"
+    return message
+
+
+@pytest.mark.parametrize("data", [own_data(bad={150: 10}), Items(own_data(bad={150: 10})),
+                                  WithTargets(own_data(bad={150: 10})), Subset(own_data(400, bad={250: 10}), range(100, 400))],
+                         ids=["TensorDataset", "items only", "targets column", "Subset"])
+def test_a_label_out_of_range_is_named_with_its_item_before_training(data):
+    # Today: torch's IndexError 'Target 10 is out of bounds.' at the step whose batch holds it.
+    message = _refused_before_training(model=OwnNet(), data=data)
+    assert message == (f"data=<{custom.describe_data(data)}>: item 150 of its training set has label 10, but "
+                       "model=OwnNet(...)'s forward returns 10 class scores (labels 0..9); fix that label, or give "
+                       "the model's last layer 11 outputs")
+
+
+def test_a_negative_label_in_the_test_set_is_named_before_training():
+    # Today: every step trains, then evaluation fails with torch's IndexError.
+    message = _refused_before_training(model=OwnNet(), data=(own_data(), own_data(50, seed=1, bad={40: -3})))
+    assert message == ("data=<TensorDataset (train 300, test 50)>: item 40 of its test set has label -3, but "
+                       "model=OwnNet(...)'s forward returns 10 class scores (labels 0..9); fix that label (-100 marks "
+                       "one the loss skips)")
+
+
+def test_the_label_scan_reads_at_most_its_bound_of_items_and_trusts_no_column_the_items_contradict():
+    big = Items(own_data(label_range.SCAN_ITEMS + 1000))
+    assert label_range.first_out_of_range(big, custom.ContractBatches(), classes=10) is None
+    assert big.reads == label_range.SCAN_ITEMS
+    shifted = WithTargets(own_data())
+    shifted.targets[7] = 10  # the column says 10; the item (what trains) says otherwise
+    assert label_range.first_out_of_range(shifted, custom.ContractBatches(), classes=10) is None
+    assert run(RunConfig(model=OwnNet(), data=shifted, **OWN), sinks=[]).status == "ok"
+
+
+@pytest.mark.parametrize("model, message", [
+    # Today: AttributeError: 'tuple' object has no attribute 'flatten', in the first step's loss.
+    (AuxInTraining(), "model=AuxInTraining(...)'s forward returned a tuple (Tensor, Tensor) in train mode (a float32 "
+                      "tensor in eval mode); the loss takes one tensor of logits: return only the logits in train mode "
+                      "too (keep an auxiliary output inside the model)"),
+    # Today: RuntimeError: element 0 of tensors does not require grad and does not have a grad_fn, in backward.
+    (Detached(), "model=Detached(...)'s forward returned logits that do not require grad in train mode, so backward "
+                 "cannot reach its 314 trainable parameters; remove the .detach() or torch.no_grad() that cuts the "
+                 "logits off them in forward"),
+    (NoGrad(), "model=NoGrad(...)'s forward returned logits that do not require grad in train mode, so backward cannot "
+               "reach its 314 trainable parameters; remove the .detach() or torch.no_grad() that cuts the logits off "
+               "them in forward"),
+])
+def test_a_forward_that_only_fails_in_train_mode_is_named_before_training(model, message):
+    assert _refused_before_training(model=model, data=own_data()) == message
+    assert model.training  # the mode it was given
+
+
+def test_training_parts_checks_your_model_and_data_as_run_does():
+    # Today: training_parts checked the forward in eval mode only, and handed these parts out.
+    for model, data in ((AuxInTraining(), own_data()), (OwnNet(), own_data(bad={150: 10}))):
+        with pytest.raises(ConfigError) as info:
+            wb.training_parts(RunConfig(model=model, data=data, **OWN))
+        assert str(info.value) == _refused_before_training(model=model, data=data)
+
+
+def test_the_train_mode_check_leaves_batchnorm_statistics_and_the_random_numbers_as_they_were():
+    # A guard on the new check (it passes on the old code, which had no train-mode forward).
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Dropout(0.5), nn.Linear(16, 10))
+    bundle = custom.own_bundle(own_data(), eval_samples=0)
+    checked = custom.checked_copy(model, bundle, seed=0)
+    assert all(torch.equal(a, b) for a, b in zip(model.buffers(), checked.buffers(), strict=True))
+    assert checked.training and torch.equal(torch.random.get_rng_state(), torch.manual_seed(0).get_state())
+
+
+def test_a_test_set_of_another_width_is_refused_before_training():
+    # Today: every step trains, then evaluation fails with torch's shape error.
+    message = _refused_before_training(model=OwnNet(), data=(own_data(), own_data(50, features=7, seed=1)))
+    assert message == ("data=<TensorDataset (train 300, test 50)>: its test set does not fit the model (a test sample's "
+                       "inputs: (7,) float32, a training sample's: (8,) float32), so evaluation would fail after every "
+                       "step trained: model=OwnNet(...)'s forward failed on a batch of inputs of shape (2, 7) (float32): "
+                       "RuntimeError: mat1 and mat2 shapes cannot be multiplied (2x7 and 8x16); pass a test set whose "
+                       "samples are shaped like the training set's")
+
+
+def _trained_run(model: nn.Module, **kwargs):
+    """What run() does with `model` on a (train, test) pair: every run trains a copy from its weights."""
+    return run(RunConfig(model=model, data=(own_data(), own_data(50, seed=1)), **OWN), **{"sinks": [], **kwargs})
+
+
+def _same_weights(trained: nn.Module, expected: nn.Module) -> bool:
+    ours, theirs = trained.state_dict(), expected.state_dict()
+    return ours.keys() == theirs.keys() and all(torch.equal(v, theirs[k]) for k, v in ours.items())
+
+
+def test_a_failure_at_evaluation_keeps_the_trained_model_reachable_from_the_error(monkeypatch):
+    def fails(*args, **kwargs):
+        raise RuntimeError("evaluation broke")
+
+    model = OwnNet()
+    expected = _trained_run(model, keep_model=True).model
+    monkeypatch.setattr(train, "evaluate", fails)
+    with pytest.raises(RuntimeError) as info:
+        _trained_run(model)
+    assert str(info.value) == "evaluation broke"  # the cause, as raised; a note under it says where the model is
+    kept = info.value.result
+    assert (kept.status, kept.message, kept.steps_done) == ("failed", "after all 8 steps trained: RuntimeError: "
+                                                            "evaluation broke", 8)
+    assert _same_weights(kept.model, expected) and not _same_weights(kept.model, model)
+    assert wb.last_result() is kept
+    assert info.value.__notes__ == ["OwnNet fp32 b32: all 8 steps trained before this failed; the trained model is "
+                                    "this exception's .result.model (and workbench.last_result().model)"]
+
+
+def test_a_view_that_fails_at_the_end_keeps_the_trained_model_reachable():
+    class BrokenEnd(RecordingSink):
+        def end(self, record):
+            raise ValueError("the view broke")
+
+    model = OwnNet()
+    expected = _trained_run(model, keep_model=True).model
+    with pytest.raises(ValueError) as info:
+        _trained_run(model, sinks=[BrokenEnd()])
+    assert str(info.value) == "the view broke" and info.value.result.status == "failed"
+    assert wb.last_result() is info.value.result and _same_weights(info.value.result.model, expected)
+
+
+def test_a_launched_child_failing_after_training_reports_the_cause_not_the_note(monkeypatch):
+    def fails(*args, **kwargs):
+        raise RuntimeError("evaluation broke")
+
+    monkeypatch.setattr(train, "evaluate", fails)  # the forked children inherit it
+    result = launch(RunConfig(**{**TINY, "eval_samples": 64}), num_processes=2, sinks=[], timeout_s=120)
+    assert (result.status, result.message) == ("failed", "RuntimeError: evaluation broke")
+
+
+def test_running_out_of_memory_at_evaluation_returns_the_trained_model_with_the_oom(monkeypatch):
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    model = OwnNet()
+    expected = _trained_run(model, keep_model=True).model
+    monkeypatch.setattr(train, "evaluate", out_of_memory)
+    result = _trained_run(model)
+    assert (result.status, result.steps_done) == ("oom", 8)  # returned, not raised, as before
+    assert _same_weights(result.model, expected)
+
+
+# --- round 3: the disk and the teacher's files (issue 28) ---------------------------------------
+
+# TINY's checkpoint holds 64*16+16 + 16*10+10 = 1,210 fp32 weights (4,840 bytes), AdamW's two moments
+# of them (9,680 bytes) and 4 fp32 `step` scalars (16 bytes): a save needs at least 14,536 bytes.
+TINY_SAVE_BYTES = 4840 + 9680 + 16
+
+
+@pytest.fixture
+def fake_disk(monkeypatch):
+    """A disk the test fills: `fake_disk["free"]` is what shutil.disk_usage reports under any folder."""
+    import shutil
+
+    state = {"free": 2**40}
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(2**40, 2**40 - state["free"],
+                                                                                       state["free"]))
+    return state
+
+
+def _fill_the_disk_while_writing(monkeypatch, fake_disk, name, error):
+    """The second save's `name` is cut short by `error` as a full disk cuts it: part of the file is
+    written, then the disk has no room left."""
+    import accelerate.utils.other as writers
+    import safetensors.torch
+
+    seen = []
+
+    def cut_short(real):
+        def write(obj, target, *args, **kwargs):
+            if str(target).endswith(name):
+                seen.append(target)
+                if len(seen) == 2:
+                    with open(target, "wb") as f:
+                        f.write(b"\0" * 100)
+                    fake_disk["free"] = 0
+                    raise error
+            return real(obj, target, *args, **kwargs)
+        return write
+
+    monkeypatch.setattr(writers, "safe_save_file", cut_short(safetensors.torch.save_file))
+    monkeypatch.setattr(torch, "save", cut_short(torch.save))
+
+
+def _disk_full_line(tmp_path) -> str:
+    return (f"saving step 8 to '{tmp_path / 'step_000008'}' failed: the disk is full (0 B free there, this save needs "
+            f"about {wb.format_bytes(TINY_SAVE_BYTES)}); the last complete save, step_000004, is kept "
+            f"(resume_from='{tmp_path}'); free space there, or pass a save_state_dir on a disk with room (the result "
+            "so far is workbench.last_result())")
+
+
+@pytest.mark.parametrize("name, error", [
+    # What each writer raised on a real full disk (a 64 KiB tmpfs): safetensors and torch's zip writer.
+    ("model.safetensors", "SafetensorError: Error while serializing: I/O error: No space left on device (os error 28)"),
+    ("optimizer.bin", "RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 5952 vs 5840"),
+    ("random_states_0.pkl", "OSError: No space left on device"),
+])
+def test_a_disk_that_fills_during_a_save_is_named_cleaned_up_and_the_last_save_still_resumes(
+        tmp_path, monkeypatch, fake_disk, name, error):
+    from safetensors import SafetensorError
+
+    kind, text = error.split(": ", 1)
+    raised = {"SafetensorError": SafetensorError(text), "RuntimeError": RuntimeError(text),
+              "OSError": OSError(errno.ENOSPC, text)}[kind]
+    _fill_the_disk_while_writing(monkeypatch, fake_disk, name, raised)
+    with pytest.raises(resume.CheckpointError) as info:
+        run(RunConfig(**{**TINY, "steps": 12}, save_state_dir=tmp_path, save_every=4), sinks=[])
+    assert str(info.value) == _disk_full_line(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000004"]  # no .partial folder left
+    monkeypatch.undo()  # the disk has room again: the save before the failure resumes bit-identically
+    resumed = run(RunConfig(**TINY, resume_from=tmp_path), sinks=[], keep_model=True).model
+    unbroken = run(RunConfig(**TINY), sinks=[], keep_model=True).model
+    assert all(torch.equal(a, b) for a, b in zip(resumed.parameters(), unbroken.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("error, line", [
+    (PermissionError(errno.EACCES, "Permission denied"), "PermissionError: Permission denied"),
+    (OSError(errno.EROFS, "Read-only file system"), "OSError: Read-only file system"),
+    (OSError(errno.EDQUOT, "Disk quota exceeded"), "OSError: Disk quota exceeded"),
+])
+def test_any_error_while_a_save_is_written_is_one_line_and_leaves_no_partial_folder(tmp_path, monkeypatch, error, line):
+    import accelerate.utils.other as writers
+
+    real, calls = writers.safe_save_file, []
+
+    def fails_second_time(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise error
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(writers, "safe_save_file", fails_second_time)
+    with pytest.raises(resume.CheckpointError) as info:
+        run(RunConfig(**{**TINY, "steps": 12}, save_state_dir=tmp_path, save_every=4), sinks=[])
+    assert str(info.value) == (
+        f"saving step 8 to '{tmp_path / 'step_000008'}' failed ({line}); the last complete save, step_000004, is kept "
+        f"(resume_from='{tmp_path}'); pass a save_state_dir you can write to, with room (the result so far is "
+        "workbench.last_result())")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000004"]
+
+
+def test_a_save_the_disk_has_no_room_for_is_refused_before_a_byte_is_written(tmp_path, monkeypatch, fake_disk):
+    import accelerate
+
+    real, calls = accelerate.Accelerator.save_state, []
+
+    def then_the_disk_fills(self, *args, **kwargs):
+        calls.append(1)
+        real(self, *args, **kwargs)
+        fake_disk["free"] = 10_000  # filled by something else after the first save
+
+    monkeypatch.setattr(accelerate.Accelerator, "save_state", then_the_disk_fills)
+    with pytest.raises(resume.CheckpointError) as info:
+        run(RunConfig(**{**TINY, "steps": 12}, save_state_dir=tmp_path, save_every=4), sinks=[])
+    assert str(info.value) == _disk_full_line(tmp_path).replace(
+        "(0 B free there", "(9.8 KiB free there")
+    assert len(calls) == 1 and sorted(p.name for p in tmp_path.iterdir()) == ["step_000004"]
+
+
+def _copy_of_the_course(tmp_path, *scripts):
+    """The course as a teacher has it, in tmp_path: `scripts/<each script>` and two notebooks."""
+    import pathlib
+    import shutil
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    (tmp_path / "scripts").mkdir()
+    for script in scripts:
+        shutil.copy(root / "scripts" / script, tmp_path / "scripts" / script)
+    (tmp_path / "notebooks").mkdir()
+    for name in ("00_tour.ipynb", "07_planner.ipynb"):
+        shutil.copy(root / "notebooks" / name, tmp_path / "notebooks" / name)
+    return tmp_path
+
+
+def _typed_in(folder, command, *, file_size_limit=None):
+    """`python <command>` typed in `folder`: (exit status, stdout, stderr). With file_size_limit,
+    no file the process writes may grow past it (EFBIG, as a full disk's ENOSPC): a write cut short."""
+    import shlex
+    import subprocess
+    import sys
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
+
+    proc = subprocess.run([sys.executable, *shlex.split(command)], cwd=folder, capture_output=True, text=True,
+                          timeout=300, preexec_fn=limit if file_size_limit else None,
+                          env={**os.environ, "PYTHONPATH": str(os.path.dirname(os.path.dirname(__file__)))})
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def _files_in(folder) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+@pytest.mark.parametrize("out", ["notebooks", "notebooks/", "./notebooks/../notebooks", "{abs}/notebooks",
+                                 "{abs}/notebooks/", "link", "link/"])
+def test_learner_copies_refuse_the_teachers_folder_in_any_spelling(tmp_path, out):
+    folder = _copy_of_the_course(tmp_path, "learner_copies.py")
+    (folder / "link").symlink_to(folder / "notebooks")
+    before = _files_in(folder / "notebooks")
+    code, _, err = _typed_in(folder, f"scripts/learner_copies.py --force --out {out.format(abs=folder)}")
+    assert (code, err) == (2, f"error: {folder / 'notebooks'} holds the teachers' notebooks: write the copies "
+                              "elsewhere (--out learners)\n")
+    assert _files_in(folder / "notebooks") == before
+
+
+def test_learner_copies_refuse_the_teachers_folder_mounted_under_another_name(tmp_path):
+    import subprocess
+
+    folder = _copy_of_the_course(tmp_path, "learner_copies.py")
+    (folder / "mnt").mkdir()
+    if subprocess.run(["mount", "--bind", str(folder / "notebooks"), str(folder / "mnt")], capture_output=True).returncode:
+        pytest.skip("bind-mounting a folder needs root (the path differs, the folder is the same)")
+    try:
+        before = _files_in(folder / "notebooks")
+        code, _, err = _typed_in(folder, "scripts/learner_copies.py --force --out mnt")
+        assert (code, err) == (2, f"error: {folder / 'notebooks'} holds the teachers' notebooks: write the copies "
+                                  "elsewhere (--out learners)\n")
+        assert _files_in(folder / "notebooks") == before
+    finally:
+        subprocess.run(["umount", str(folder / "mnt")], check=True)
+
+
+def test_learner_copies_name_each_file_that_is_no_notebook_in_one_line_and_still_write_the_others(tmp_path):
+    folder = _copy_of_the_course(tmp_path, "learner_copies.py")
+    cell = {"cell_type": "code", "metadata": {}, "source": "answer = 42", "outputs": [], "execution_count": None}
+    top = {"metadata": {}, "nbformat": 4, "nbformat_minor": 4}
+    bad = {  # file: (its text, the line naming what is wrong)
+        "a_broken.ipynb": ('{"cells": [', "not valid JSON (line 1, column 12: Expecting value)"),
+        "b_no_cells.ipynb": (json.dumps(top), 'not a notebook (no "cells" list)'),
+        "c_latin1.ipynb": (None, "not UTF-8 text (byte 20); save it again from Jupyter"),
+        "d_metadata.ipynb": (json.dumps({**top, "cells": [{**cell, "metadata": "x"}]}),
+                             "cell 0's metadata is 'x', not an object"),
+        "e_no_type.ipynb": (json.dumps({**top, "cells": [{"metadata": {}}]}),
+                            'cell 0 is not a cell (it needs "cell_type" and "source")'),
+        "f_top_metadata.ipynb": (json.dumps({**top, "metadata": [], "cells": []}),
+                                 'its "metadata" is [], not an object'),
+        "g_no_version.ipynb": (json.dumps({"metadata": {}, "cells": [cell]}),
+                               'not an nbformat 4 notebook ("nbformat" is None); open it in Jupyter and save it'),
+        # a string, not a list: "solution" in "nosolution" would drop a cell that is no answer
+        "h_tag_string.ipynb": (json.dumps({**top, "cells": [{**cell, "metadata": {"tags": "nosolution"}}]}),
+                               "cell 0's tags is 'nosolution', not a list; write it as [\"nosolution\"]"),
+    }
+    for name, (text, _) in bad.items():
+        path = folder / "notebooks" / name
+        path.write_bytes(b'{"cells": [], "x": "\xff"}') if text is None else path.write_text(text)
+    names = " ".join(f"notebooks/{n}" for n in [*bad, "00_tour.ipynb", "07_planner.ipynb"])  # the good ones last
+    code, out, err = _typed_in(folder, f"scripts/learner_copies.py --out learners --notebooks {names}")
+    assert code == 1 and err.splitlines() == [f"error: notebooks/{name}: {line}" for name, (_, line) in bad.items()]
+    assert sorted(p.name for p in (folder / "learners").iterdir()) == ["00_tour.ipynb", "07_planner.ipynb"]
+    assert out.endswith(f"learners' copies in learners; {len(bad)} not written (above)\n")
+
+
+def test_learner_copies_refuse_an_out_that_is_a_file_in_one_line(tmp_path):
+    folder = _copy_of_the_course(tmp_path, "learner_copies.py")
+    (folder / "learners").write_text("my notes")
+    assert _typed_in(folder, "scripts/learner_copies.py --out learners") == (
+        2, "", "error: --out learners is a file, not a folder; pass a folder such as --out learners\n")
+    assert (folder / "learners").read_text() == "my notes"
+
+
+def test_a_learner_copy_whose_write_fails_leaves_the_learners_copy_as_it_was(tmp_path):
+    folder = _copy_of_the_course(tmp_path, "learner_copies.py")
+    (folder / "learners").mkdir()
+    (folder / "learners" / "00_tour.ipynb").write_text("my answers")
+    code, _, err = _typed_in(folder, "scripts/learner_copies.py --force --out learners --notebooks "
+                                     "notebooks/00_tour.ipynb", file_size_limit=4096)  # the copy: 16.5 KB
+    assert (code, err) == (1, "error: learners/00_tour.ipynb: cannot be written (File too large); the file there, "
+                              "if any, is unchanged\n")
+    assert _files_in(folder / "learners") == {"00_tour.ipynb": b"my answers"}  # no temporary file left either
+
+
+@pytest.mark.parametrize("out", [".", "./", "{abs}", "scripts/.."])
+def test_the_gpu_check_refuses_an_out_that_would_put_its_executed_copies_over_the_notebooks(tmp_path, out):
+    import pathlib
+
+    folder = _copy_of_the_course(tmp_path, "gpu_check.py")
+    before = _files_in(folder / "notebooks")
+    code, _, err = _typed_in(folder, f"scripts/gpu_check.py --out {out.format(abs=folder)} --tar-only --budget-s 0 "
+                                     "--notebooks 00_tour")  # budget 0: no notebook runs, the files are still written
+    assert code == 2 and err.splitlines()[-1] == (
+        f"gpu_check.py: error: --out {pathlib.Path(out.format(abs=folder))} would write the executed notebooks over the ones it "
+        f"runs, in {folder / 'notebooks'} (and --tar-only would delete them); pass another folder such as "
+        "--out docs/gpu-reference")
+    assert _files_in(folder / "notebooks") == before  # before: every notebook deleted, the folder too
+
+
+def test_the_cli_json_that_cannot_be_written_leaves_the_users_file_as_it_was(tmp_path):
+    (tmp_path / "result.json").write_text('{"my": "last run"}')
+    code, _, err = _typed_in(tmp_path, "-m workbench --model mlp --data digits --steps 2 --log-every 1 "
+                                       "--eval-samples 0 --json result.json", file_size_limit=200)  # the figures: ~400 B
+    assert (code, err.splitlines()[-1]) == (1, "python -m workbench: error: --json 'result.json' could not be written "
+                                               "(File too large); the file there, if any, is unchanged")
+    assert _files_in(tmp_path) == {"result.json": b'{"my": "last run"}'}  # before: cut to 200 bytes of the new one
+
+
+def test_preflight_json_that_cannot_be_written_leaves_the_users_file_as_it_was(tmp_path):
+    (tmp_path / "findings.json").write_text("[]")
+    stub = ("import sys, workbench.preflight as p; p.preflight = lambda **k: [p.Finding('cores', 'ok', 'x' * 300)]; "
+            "sys.exit(p.main(['--json', 'findings.json']))")  # the checks themselves take half a minute
+    code, _, err = _typed_in(tmp_path, f'-c "{stub}"', file_size_limit=200)
+    assert (code, err) == (1, "python -m workbench.preflight: error: --json 'findings.json' could not be written "
+                              "(File too large); the file there, if any, is unchanged\n")
+    assert _files_in(tmp_path) == {"findings.json": b"[]"}
+
+
+def test_course_facts_whose_write_fails_leave_readme_and_workshop_as_they_were(tmp_path):
+    import pathlib
+    import shutil
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    folder = _copy_of_the_course(tmp_path, "course_facts.py", "course_words.py")
+    for name in ("notebooks", "benchmarks/results"):
+        shutil.copytree(root / name, folder / name, dirs_exist_ok=True)
+    (folder / "docs").mkdir()
+    for name in ("README.md", "docs/WORKSHOP.md"):
+        shutil.copy(root / name, folder / name)
+    before = {name: (folder / name).read_bytes() for name in ("README.md", "docs/WORKSHOP.md")}
+    code, _, err = _typed_in(folder, "scripts/course_facts.py", file_size_limit=4096)  # README: ~25 KB
+    assert (code, err) == (1, "README.md: could not be written (File too large); it is unchanged\n")
+    assert {name: (folder / name).read_bytes() for name in before} == before  # before: README cut to 4 KB
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "benchmarks", "docs", "notebooks", "scripts"]
+
+
+def test_summary_whose_write_fails_leaves_the_last_summary_as_it_was(tmp_path):
+    import pathlib
+    import shutil
+
+    folder = _copy_of_the_course(tmp_path, "summary.py")
+    (folder / "docs").mkdir()
+    shutil.copy(pathlib.Path(__file__).resolve().parent.parent / "docs" / "SUMMARY.md", folder / "docs" / "SUMMARY.md")
+    before = (folder / "docs" / "SUMMARY.md").read_bytes()
+    code, _, err = _typed_in(folder, "scripts/summary.py", file_size_limit=1024)
+    assert (code, err) == (1, "error: docs/SUMMARY.md could not be written (File too large); it is unchanged\n")
+    assert _files_in(folder / "docs") == {"SUMMARY.md": before}
+
+
+def test_the_notebook_runner_whose_write_fails_leaves_the_executed_copy_as_it_was(tmp_path):
+    folder = _copy_of_the_course(tmp_path, "nbrun.py")
+    (folder / "run.ipynb").write_text(json.dumps({"cells": [{"cell_type": "code", "metadata": {}, "outputs": [],
+                                                             "source": "print('x' * 500)", "execution_count": None}],
+                                                  "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    (folder / "out.ipynb").write_text("the last run's executed copy")
+    code, _, err = _typed_in(folder, "scripts/nbrun.py run.ipynb out.ipynb", file_size_limit=300)  # the copy: 812 B
+    assert (code, err.splitlines()[-1]) == (1, "error: out.ipynb could not be written (File too large); the file "
+                                               "there, if any, is unchanged")
+    assert (folder / "out.ipynb").read_text() == "the last run's executed copy"  # before: cut to 300 bytes
+    assert sorted(p.name for p in folder.iterdir()) == ["notebooks", "out.ipynb", "run.ipynb", "scripts"]
+
+
+# --- round 3: the monitor's results, QAT schemes, the compile cache, security (issue 28) ---
+
+def _monitored(steps: int, *, run_for: int | None = None, loss_at=lambda step, loss: loss, give_loss: bool = True,
+               sinks=()) -> tuple[wb.Monitor, list[int]]:
+    """A hand loop of `run_for` steps (default `steps`) under wb.monitor(steps=steps, log_every=4);
+    `loss_at(step, loss)` is the loss it trains on and gives mon.loss. Returns the monitor and the steps run."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ran = []
+    with wb.monitor(model, optimizer, steps=steps, log_every=4, name="hand", sinks=sinks) as mon:
+        for step in range(1, (run_for or steps) + 1):
+            ran.append(step)
+            with mon.step(samples=8):
+                loss = loss_at(step, model(torch.ones(8, 4)).square().mean())
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                if give_loss:
+                    mon.loss(loss)
+    return mon, ran
+
+
+def test_a_monitored_loss_that_turns_nan_ends_the_loop_as_diverged_naming_the_step():
+    lines = []
+    sink = TextSink(stream=None)
+    sink._print = lines.append
+    mon, ran = _monitored(12, loss_at=lambda step, loss: loss * math.nan if step == 6 else loss, sinks=[sink])
+    message = ("the loss became non-finite (nan or inf) at step 6; stopped the loop at step 8; "
+               "lower lr (now 0.1) or clip the gradients (torch.nn.utils.clip_grad_norm_)")
+    assert (mon.result.status, mon.result.message, mon.result.steps_done, ran) == ("diverged", message, 8, list(range(1, 9)))
+    assert mon.result.loss_steps == [4] and math.isfinite(mon.result.losses[0])  # the curve before it, no NaN
+    assert lines[-1].startswith(f"[hand] diverged after 8 steps: {message}")
+    # A loop that stops between log steps: its last losses are read when the block ends.
+    mon, _ = _monitored(12, run_for=7, loss_at=lambda step, loss: loss * math.inf if step == 6 else loss)
+    assert (mon.result.status, mon.result.message.split(";")[:2]) == (
+        "diverged", ["the loss became non-finite (nan or inf) at step 6", " stopped the loop at step 7"])
+
+
+def test_a_monitored_loop_that_never_gives_a_loss_has_no_losses_and_says_so():
+    from workbench.lessons.exercises import Disagree
+
+    lines, sink = [], RecordingSink()
+    text = TextSink(stream=None, min_interval_s=0)
+    text._print = lines.append
+    mon, _ = _monitored(8, give_loss=False, sinks=[sink, text])
+    note = "no loss measured: the loop never called mon.loss(loss), so the result has no loss curve"
+    result = mon.result
+    assert (result.status, result.message, result.losses, result.loss_steps) == ("ok", note, [], [])
+    assert [r.loss for r in sink.steps] == [None, None] and sink.ends[-1].message == note
+    assert "no loss measured" in lines[1] and lines[-1].startswith(f"[hand] done: 8 steps; {note}")
+    assert "0.0000" not in "".join(lines) and result.final_loss is None and "loss n/a" in repr(result)
+    measured = dataclasses.replace(_monitored(8)[0].result, name="measured")
+    table = wb.compare([result, measured])
+    assert table.rows()[0][table.header.index("final train loss")] == "n/a"
+    table.make_figure()  # the loss axes draw the other run's curve and nothing for this one
+    with pytest.raises(Disagree, match=r"^by hand logged no loss \(wb.run logged 2\): call mon.loss\(loss\) in each step$"):
+        wb.agree(result, measured)
+    pytest.importorskip("ipywidgets")
+    from workbench.views.dashboard import Dashboard
+
+    dash = Dashboard(auto_display=False)
+    for start in sink.starts:
+        dash.start(start)
+    for record in sink.steps:
+        dash.log(record)
+    dash.end(sink.ends[-1])
+    assert dash.runs[-1].curve.losses == [] and note in dash.details.value
+
+
+@pytest.mark.parametrize("given, message", [
+    (torch.ones(8), "mon.loss takes the micro-batch's loss as one real number, got a tensor of shape (8,); "
+                    "pass the scalar you call backward() on, e.g. mon.loss(loss.mean())"),
+    (torch.ones(0), "mon.loss takes the micro-batch's loss as one real number, got a tensor of shape (0,); "
+                    "pass the scalar you call backward() on, e.g. mon.loss(loss.mean())"),
+    (torch.tensor(1 + 1j), "mon.loss takes the micro-batch's loss as one real number, got a tensor of dtype "
+                           "torch.complex64; pass the scalar you call backward() on, e.g. mon.loss(loss.mean())"),
+    (1.5, "mon.loss takes the loss tensor, got float; pass mon.loss(loss), not loss.item()"),
+    ("0.3", "mon.loss takes the loss tensor, got str; pass mon.loss(loss), not loss.item()"),
+])
+def test_mon_loss_refuses_what_is_not_one_loss_in_one_line(given, message):
+    mon = wb.monitor(torch.nn.Linear(2, 2), steps=1, sinks=[])
+    with mon:
+        with mon.step(samples=4):
+            with pytest.raises((TypeError, ValueError)) as info:
+                mon.loss(given)
+            mon.loss(torch.full((1, 1), 2.0))  # one number in any shape is one loss
+    assert str(info.value) == message and mon.result.losses == [2.0]
+
+
+def _nan_on_rank_1_at_step_4():
+    """Each of two processes: a hand loop under wb.monitor that all-reduces its gradients (as notebook
+    06's by hand), whose loss on rank 1 only turns NaN at step 4, the last of a log window."""
+    import torch.distributed as dist
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with wb.monitor(model, optimizer, steps=8, log_every=4, sinks=[], accelerator=accelerator) as mon:
+        for step in range(1, 9):
+            with mon.step(samples=8):
+                loss = model(torch.ones(8, 4)).square().mean()
+                loss = loss * math.nan if step == 4 and accelerator.process_index == 1 else loss
+                loss.backward()
+                for p in model.parameters():
+                    dist.all_reduce(p.grad)  # a process that stopped alone would leave the other waiting here
+                optimizer.step()
+                optimizer.zero_grad()
+                mon.loss(loss)
+    return mon.result.status, mon.result.message, mon.result.losses
+
+
+def test_one_monitored_process_diverging_stops_every_process_together():
+    from workbench.engine.launch import launch_function
+
+    ranks = launch_function(_nan_on_rank_1_at_step_4, num_processes=2, device="cpu", timeout_s=120)
+    message = ("the loss became non-finite (nan or inf) at step 4; stopped the loop at step 4; "
+               "lower lr (now 0.1) or clip the gradients (torch.nn.utils.clip_grad_norm_)")
+    assert ranks == [("diverged", message, []), ("diverged", message, [])]
+
+
+def _qat_prepared(bits: int | None = 4, **fake_quantize) -> torch.nn.Module:
+    """A two-Linear MLP prepared for QAT as RunConfig(qat=f'int{bits}') prepares it, or (bits None)
+    with torchao's own QATConfig(weight_config=IntxFakeQuantizeConfig(**fake_quantize))."""
+    pytest.importorskip("torchao")
+    from torchao.quantization import quantize_
+    from torchao.quantization.qat import IntxFakeQuantizeConfig, QATConfig
+
+    from workbench.switches.qat import prepare_qat
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    if bits is not None:
+        return prepare_qat(model, bits=bits)
+    quantize_(model, QATConfig(weight_config=IntxFakeQuantizeConfig(**fake_quantize), step="prepare"))
+    return model
+
+
+@pytest.mark.parametrize("prepared, bits, message", [
+    (dict(bits=4), 8, "convert_qat(bits=8) would quantize to int8 activations, int8 weights per channel, but the model "
+                      "was trained with int8 activations, int4 weights per channel; pass bits=4, the width it trained with"),
+    (dict(bits=2), 4, "convert_qat(bits=4) would quantize to int8 activations, int4 weights per channel, but the model "
+                      "was trained with int8 activations, int2 weights per channel; pass bits=2, the width it trained with"),
+    (dict(bits=None, dtype=torch.int4, group_size=32), 4,
+     "convert_qat(bits=4) would quantize to int8 activations, int4 weights per channel, but the model was trained "
+     "with activations unquantized, int4 weights in groups of 32; convert it with the torchao QATConfig it was "
+     "prepared with (step='convert')"),
+])
+def test_convert_qat_refuses_a_scheme_other_than_the_one_the_model_trained_with(prepared, bits, message):
+    from workbench.lessons.quantization import convert_qat
+
+    model = _qat_prepared(**prepared)
+    with pytest.raises(ValueError) as info:
+        convert_qat(model, bits=bits)
+    assert str(info.value) == message
+    assert all(type(m).__name__ != "Linear" for m in model.modules())  # the trained model is untouched
+
+
+def test_convert_qat_converts_at_the_trained_width_and_refuses_what_is_no_model():
+    from workbench.lessons.quantization import convert_qat
+
+    converted = convert_qat(_qat_prepared(bits=4), bits=4)
+    assert [type(m).__name__ for m in converted.modules()].count("Linear") == 2  # real quantized Linears
+    with pytest.raises(TypeError) as info:
+        convert_qat("model.pt", bits=4)
+    assert str(info.value) == "model must be a torch.nn.Module, got str; pass result.model from wb.run(..., keep_model=True)"
+    with pytest.raises(ValueError) as info:  # never prepared for QAT
+        convert_qat(torch.nn.Sequential(torch.nn.Linear(4, 2)), bits=4)
+    assert str(info.value) == ("this model has no fake-quantized layers: train it with RunConfig(qat='int4') "
+                               "(or prepare_qat) first, or use weight_intx() for PTQ")
+
+
+_DAMAGED_COMPILE_CACHE = """
+import json, os, pathlib, shutil
+import torch
+from torch._inductor.utils import clear_caches
+import workbench as wb
+
+folder = pathlib.Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+net = lambda: torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10, bias=False))  # mm only: no C++ to build
+
+def hand_loop(extra=lambda: 0):
+    model = net()
+    compiled, optimizer = torch.compile(model), torch.optim.SGD(model.parameters(), lr=0.1)
+    with wb.monitor(model, optimizer, steps=2, sinks=[]) as mon:
+        for _ in range(2):
+            with mon.step(samples=8):
+                loss = compiled(torch.ones(8, 1, 8, 8)).square().mean() + extra()
+                loss.backward(); optimizer.step(); optimizer.zero_grad(); mon.loss(loss)
+    return mon.result.status
+
+def error_of(train):
+    try:
+        train()
+    except Exception as error:
+        return [type(error).__name__, str(error), wb.last_result().status, wb.last_result().message]
+
+said = {"cold": hand_loop()}
+for path in folder.rglob("*.py"):  # the compiled wrapper code, swapped for garbage
+    path.write_text("garbage\\n")
+clear_caches(); torch._dynamo.reset()  # nothing kept in memory: what inductor loads comes from the folder
+config = wb.RunConfig(model=net(), data="digits", batch_size=8, steps=2, eval_samples=0, compile="default")
+said["run"] = error_of(lambda: wb.run(config, sinks=[]))
+said["monitor"] = error_of(hand_loop)
+shutil.rmtree(folder); torch._dynamo.reset()  # the fix the message names, in the same process
+said["again"] = [hand_loop(), sorted({path.suffix for path in folder.rglob("*.py")})]  # trained, the cache rebuilt
+cholesky = torch.compile(lambda x: torch.linalg.cholesky(x))  # an aten call: no C++ to build
+# An error raised while compiled code runs (its frames are in the folder too) stays that error.
+said["runtime"] = error_of(lambda: hand_loop(extra=lambda: cholesky(-torch.eye(3)).sum()))
+print(json.dumps(said))
+"""
+
+
+@pytest.mark.skipif(not torch._dynamo.is_dynamo_supported() or hardware.cpp_compiler() is None,
+                    reason="torch.compile cannot run here (no dynamo or no C++ compiler)")
+def test_a_damaged_compile_cache_is_named_in_one_line_with_the_fix_and_the_kernel_recovers(tmp_path):
+    import subprocess
+    import sys
+
+    folder = tmp_path / "inductor"
+    env = {k: v for k, v in os.environ.items() if k != "WORKBENCH_INDUCTOR_CACHE_DIR"}
+    done = subprocess.run([sys.executable, "-c", _DAMAGED_COMPILE_CACHE], capture_output=True, text=True, timeout=300,
+                          env={**env, "TORCHINDUCTOR_CACHE_DIR": str(folder), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    message = (f"torch.compile failed loading its cache folder '{folder}' (NameError: name 'garbage' is not defined): "
+               f"a file there is damaged; delete the folder (rm -rf '{folder}') and run again, and torch.compile "
+               "rebuilds it")
+    assert said["run"] == said["monitor"] == ["DamagedCompileCache", message, "failed", message]
+    assert said["cold"] == "ok" and said["again"] == ["ok", [".py"]]
+    assert said["runtime"][0] == "_LinAlgError" and said["runtime"][3].startswith("_LinAlgError: linalg.cholesky")
+
+
+class _Planted:
+    """A pickle that runs code when loaded: unpickling it calls open(marker, 'w'), which creates the file."""
+
+    def __init__(self, marker) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+@pytest.mark.parametrize("name, write", [
+    ("optimizer.bin", lambda obj, path: torch.save({"state": obj, "param_groups": []}, path)),  # accelerate's format
+    ("random_states_0.pkl", lambda obj, path: torch.save({"random_state": obj}, path)),
+    ("random_states_0.pkl", lambda obj, path: path.write_bytes(__import__("pickle").dumps(obj))),  # a bare pickle
+])
+def test_a_pickle_planted_in_a_checkpoint_never_runs_when_resuming(saved, tmp_path_factory, name, write):
+    marker = tmp_path_factory.mktemp("planted") / "the_pickle_ran"
+    folder = saved / "step_000008"
+    write(_Planted(marker), folder / name)
+    # The planter rewrites the checksums too (they catch damage, they are no signature).
+    loop = json.loads((folder / "workbench_loop.json").read_text())
+    loop["files"][name] = [(folder / name).stat().st_size, resume._digest(folder / name)]
+    (folder / "workbench_loop.json").write_text(json.dumps(loop))
+    message = _resume_error(saved)
+    assert not marker.exists()  # refused: torch.load(weights_only=True) never calls open()
+    assert message.startswith({"optimizer.bin": f"resume_from='{folder}' could not be loaded (UnpicklingError: ",
+                               "random_states_0.pkl": f"random_states_0.pkl in '{folder}' cannot be loaded "
+                                                      "(UnpicklingError); without it the resume cannot be exact;"}[name])
+    assert message.endswith(f"resume from '{saved / 'step_000004'}' (the save before it), or start afresh without resume_from")
+
+
+def test_a_hub_data_set_is_loaded_without_running_its_code(monkeypatch):
+    import datasets
+
+    from workbench.core.data import load_data
+
+    calls = []
+
+    def fake_load_dataset(*args, **kwargs):
+        calls.append((args, kwargs))
+        return datasets.Dataset.from_dict({"text": [f"review {i}" for i in range(20)], "label": [i % 2 for i in range(20)]})
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    load_data("hub:someone/remote-code-round-3", seq_len=8)
+    assert calls and all(kwargs.get("trust_remote_code", False) is False for _, kwargs in calls)
+    assert "HF_DATASETS_TRUST_REMOTE_CODE" not in os.environ  # nor switched on for every load

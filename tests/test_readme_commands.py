@@ -28,6 +28,7 @@ LEDGER = {
     "make preflight": (AS_WRITTEN, ".ci/run", "make preflight"),
     "python scripts/course_facts.py": (AS_WRITTEN, ".ci/run", "python scripts/course_facts.py"),
     "python scripts/summary.py": (AS_WRITTEN, ".ci/run", "python scripts/summary.py"),
+    "python scripts/card_sizes.py": (VARIANT, "tests/test_card_sizes.py", "the script's functions: the same replayed peaks on the same cards, and its table recomputed"),
     "python -m workbench --help": (AS_WRITTEN, ".ci/run", "python -m workbench --help"),
     "python -m workbench": (AS_WRITTEN, ".ci/run", "python -m workbench --help"),
     "make lab": (VARIANT, "tests/test_readme_commands.py", "the teacher's JupyterLab: make learn's last line, on notebooks/ instead of learners/"),
@@ -49,7 +50,11 @@ LEDGER = {
         (NOT_RUN, "", "the offline GPU recipe: runs on the GPU machine"),
     "bash scripts/gpu_bundle.sh": (NOT_RUN, "", "downloads wheels for the GPU machine"),
     ".venv/bin/pip install -e '.[dali]'": (VARIANT, ".ci/run", "CI pip-installs the pinned DALI wheel instead of the extra"),
-    "conda env create -f environment.yml": (NOT_RUN, "", "CI has no conda; tests/test_packaging.py checks environment.yml against pyproject"),
+    "make wheelhouse": (AS_WRITTEN, ".ci/run", "make wheelhouse"),
+    "WORKBENCH_WHEELHOUSE=wheelhouse make learn": (VARIANT, ".ci/run", "CI's set-up: WORKBENCH_WHEELHOUSE=wheelhouse make setup, the index unreachable (make learn's install step)"),
+    "make lock": (NOT_RUN, "", "re-resolves against the live index, minutes; tests/test_lock.py checks the lock it wrote (python scripts/lock.py --check, in .ci/run too)"),
+    "make drift": (NOT_RUN, "", "a second environment and the whole suite, ~20 min; its last report is benchmarks/results/drift.json"),
+    "conda env create -f environment.yml": (NOT_RUN, "", "CI has no conda; tests/test_lock.py checks environment.yml follows the lock"),
 }
 
 
@@ -60,7 +65,7 @@ def readme_commands(text: str = README) -> list[str]:
             command = re.sub(r"\s+", " ", line.split("  #")[0]).strip()
             if command and not command.startswith("#"):
                 commands.append(command)
-    spans = re.findall(r"`((?:make|python3?|bash|conda|accelerate|torchrun|\.venv/bin/\w+) [^`]*)`", text)
+    spans = re.findall(r"`((?:[A-Z_]+=\S+ )*(?:make|python3?|bash|conda|accelerate|torchrun|\.venv/bin/\w+) [^`]*)`", text)
     commands += [re.sub(r"\s+", " ", s).strip() for s in spans]
     return sorted(set(commands))
 

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from workbench.core.config import ConfigError, RunConfig, field_choices
+from workbench.core.atomic_write import write_whole
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -145,6 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = stopped.result
     except ConfigError as error:  # refused before step 1 (memory, checkpoints): one line, exit 2
         parser.error(str(error))
+    code = {"ok": 0, "interrupted": 130}.get(result.status, 1)  # 'oom', 'diverged': 1
     # RANK is set by every launcher (accelerate launch, torchrun); absent: one process.
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"{result!r}; {result.num_processes} process(es); accuracy "
@@ -153,10 +155,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             figures = {**result.summary(), "name": result.name, "num_processes": result.num_processes,
                        "loss_steps": result.loss_steps, "losses": result.losses,
                        "eval_loss": result.eval_loss}
-            with open(args.json, "w") as out:
-                json.dump(figures, out, indent=1)
+            try:  # whole or not at all: a full disk leaves the file that was there
+                write_whole(args.json, json.dumps(figures, indent=1))
+            except OSError as error:
+                print(f"{parser.prog}: error: --json {args.json!r} could not be written ({error.strerror or error}); "
+                      "the file there, if any, is unchanged", file=sys.stderr)
+                code = code or 1
     _leave_process_group()
-    return {"ok": 0, "interrupted": 130}.get(result.status, 1)  # 'oom', 'diverged': 1
+    return code
 
 
 def _leave_process_group() -> None:

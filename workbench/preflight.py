@@ -183,8 +183,14 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     findings = preflight()
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump([asdict(x) for x in findings], f, indent=1)
+        from workbench.core.atomic_write import write_whole
+
+        try:  # whole or not at all: a full disk leaves the file that was there
+            write_whole(args.json, json.dumps([asdict(x) for x in findings], indent=1))
+        except OSError as error:
+            print(f"{parser.prog}: error: --json {args.json!r} could not be written ({error.strerror or error}); "
+                  "the file there, if any, is unchanged", file=sys.stderr)
+            return 1
     return 1 if any(f.status == "problem" for f in findings) else 0
 
 

@@ -10,6 +10,11 @@ again with `ATEN_CPU_CAPABILITY=avx2` on the same cache, trained on wrong number
 ever holds kernels of one ISA. The folder also names the CPU (a hash of its flags) and is used
 uncapped too ('native'): the default folder may already hold kernels of another ISA (a crash was
 seen here loading such a mix uncapped), and a copied machine image may bring another CPU's.
+
+Inductor loads what it finds in the folder without checking it: a wrapper or kernel file that was
+swapped or corrupted fails the first step from inside the cache (torch 2.13: `BackendCompilerFailed:
+backend='inductor' raised:` over a screen of frames). `damaged_cache(error)` turns that into one line
+naming the folder and the fix; `run()` and `wb.monitor` raise it.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import hashlib
 import os
 import re
 import tempfile
+import traceback
 
 CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
 CAPABILITY_VARIABLE = "ATEN_CPU_CAPABILITY"
@@ -75,3 +81,43 @@ def separate_capped_cache(environ: dict[str, str] | os._Environ = os.environ) ->
     if folder is not None:
         environ[CACHE_VARIABLE] = environ[CHOSEN_VARIABLE] = folder
     return folder
+
+
+class DamagedCompileCache(RuntimeError):
+    """torch.compile failed loading a damaged file from its cache folder: the message names the
+    folder and the fix. The error it came from is its __cause__."""
+
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows: this line, not inductor's frames (the cause stays on the exception)."""
+        return [f"DamagedCompileCache: {self}"]
+
+
+def damaged_cache(error: BaseException,
+                  environ: dict[str, str] | os._Environ = os.environ) -> DamagedCompileCache | None:
+    """The one-line error for `error` when loading a file of inductor's cache folder failed: a file
+    of the folder that raised while it was loaded (module level), or an OSError / ImportError /
+    SyntaxError naming one (an .so that is not a library). Not an error raised while compiled code
+    ran (its frames are in the folder too): None for that and any other error. The cause it names
+    is the innermost (inductor wraps it in `BackendCompilerFailed`)."""
+    default = os.path.join(tempfile.gettempdir(), f"torchinductor_{_user()}")  # torch's, where none is set
+    folder = os.path.abspath(environ.get(CACHE_VARIABLE) or default)
+    seen, chain, inside = set(), [error], []
+    while chain:
+        current = chain.pop(0)
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        places = [frame.filename for frame in traceback.extract_tb(current.__traceback__) if frame.name == "<module>"]
+        places.append(str(getattr(current, "filename", "") or ""))
+        if isinstance(current, (OSError, ImportError)):
+            places.append(str(current))
+        if any(folder + os.sep in place for place in places):
+            inside.append(current)
+        chain += [current.__cause__, current.__context__, getattr(current, "inner_exception", None)]
+    if not inside:
+        return None
+    said = str(inside[-1]).strip().splitlines()
+    cause = f"{type(inside[-1]).__name__}: {said[0][:120]}" if said else type(inside[-1]).__name__
+    return DamagedCompileCache(f"torch.compile failed loading its cache folder '{folder}' ({cause}): a file there "
+                               f"is damaged; delete the folder (rm -rf '{folder}') and run again, and torch.compile "
+                               "rebuilds it")

@@ -10,7 +10,8 @@ place of the built-in names, `RunConfig(model=MyNet(), data=my_dataset)`.
   `{"inputs", "labels"}` contract (docs/CONTRACTS.md), whatever form the items had;
 - `model_copy`: every run trains a deep copy, so each arm of a comparison starts from the
   same weights and the learner's module is never changed;
-- `forward_problem`: does the forward fit the task? Checked on two samples before training.
+- `check_forward`: does the forward fit the task? Checked on two samples, in eval and train
+  mode, before training; `checked_copy` adds the labels' range (`label_range`) and the test set.
 
 Example:
     >>> data = TensorDataset(torch.randn(100, 8), torch.randint(0, 3, (100,)))
@@ -37,12 +38,13 @@ from torch.utils.data import (
     default_collate,
 )
 
+from workbench.core import label_range
 from workbench.core.data import DATASETS, DataBundle, load_data
 from workbench.core.errors import ConfigError
 from workbench.core.models import MODEL_SPECS, ModelSpec, parameter_count
 
-__all__ = ["ContractBatches", "OwnData", "as_contract", "checked_copy", "describe_data", "describe_model",
-           "forward_problem", "is_own_data", "load_bundle", "model_copy", "model_name", "model_spec", "own_bundle",
+__all__ = ["ContractBatches", "OwnData", "as_contract", "check_forward", "checked_copy", "describe_data",
+           "describe_model", "is_own_data", "load_bundle", "model_copy", "model_name", "model_spec", "own_bundle",
            "preset_key", "read_data", "shown_data", "shown_model", "train_count"]
 
 ITEM_FORM = "items must be {'inputs': tensor, 'labels': tensor} dicts or (inputs, labels) pairs"
@@ -318,35 +320,40 @@ def model_copy(model: nn.Module, *, seed: int) -> nn.Module:
                          "your module stays as it was: keep only copyable things (no open files, locks) on it") from None
 
 
-def forward_problem(model: nn.Module, batch: dict[str, torch.Tensor], *, classes: int | None = None,
-                    name: str | None = None) -> str | None:
-    """Why `model`'s forward does not fit the task on this (small) batch, or None.
-
-    The loss is cross-entropy over the logits' last dimension: the logits must be floating
-    point, shaped like the labels plus that last dimension, and the labels class indices below
-    its size (and below `classes` when the data's classes are known). Runs in eval mode without
-    gradients (no BatchNorm statistics move), then puts back the mode it found.
-    """
-    name = name or f"model={shown_model(model)}"
-    inputs, labels = batch["inputs"], batch["labels"]
+def _forward(model: nn.Module, inputs: torch.Tensor, *, training: bool) -> Any:
+    """`model`'s output on `inputs` in train or eval mode (eval: without gradients); its mode and
+    buffers (BatchNorm's running statistics) are put back after, so the run starts from what it found."""
     was_training = model.training
-    model.eval()
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    model.train(training)
     try:
-        with torch.no_grad():
-            logits = model(inputs)
-    except Exception as error:
-        reason = str(error).splitlines()[0] if str(error) else ""
-        return (f"{name} failed on a batch of inputs of shape {tuple(inputs.shape)} "
-                f"({str(inputs.dtype).removeprefix('torch.')}): {type(error).__name__}: {reason}")
+        with torch.enable_grad() if training else torch.no_grad():
+            return model(inputs)
     finally:
         model.train(was_training)
+        with torch.no_grad():
+            for name, b in model.named_buffers():
+                if name in buffers:
+                    b.copy_(buffers[name])
+
+
+def _what(value: Any) -> str:
+    """What a forward returned, in words: 'a tuple (Tensor, Tensor)', 'a float32 tensor'."""
+    if isinstance(value, torch.Tensor):
+        return f"a {str(value.dtype).removeprefix('torch.')} tensor"
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} ({', '.join(type(v).__name__ for v in value[:4])}{', ...' * (len(value) > 4)})"
+    return f"a {type(value).__name__}"
+
+
+def _logits_problem(logits: Any, labels: torch.Tensor, name: str, *, classes: int | None, mode: str) -> str | None:
+    """Why `logits` cannot go into the loss with `labels`, or None."""
     if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
-        got = f"{str(logits.dtype).removeprefix('torch.')} tensor" if isinstance(logits, torch.Tensor) \
-            else type(logits).__name__
-        return f"{name} returned a {got}, not floating-point logits; {WHAT_LOGITS}"
+        return f"{name} returned {_what(logits)}{mode}, not floating-point logits; {WHAT_LOGITS}"
     if logits.dim() < 1 or tuple(logits.shape[:-1]) != tuple(labels.shape):
-        return (f"{name} returned logits of shape {tuple(logits.shape)} for labels of shape {tuple(labels.shape)}: "
-                f"the logits must have the labels' shape plus a last dimension of class scores; {WHAT_LOGITS}")
+        return (f"{name} returned logits of shape {tuple(logits.shape)}{mode} for labels of shape "
+                f"{tuple(labels.shape)}: the logits must have the labels' shape plus a last dimension of class "
+                f"scores; {WHAT_LOGITS}")
     scores = logits.shape[-1]
     counted = labels[labels != -100]  # cross-entropy's ignore_index
     low, high = (int(counted.min()), int(counted.max())) if counted.numel() else (0, -1)
@@ -362,15 +369,93 @@ def forward_problem(model: nn.Module, batch: dict[str, torch.Tensor], *, classes
     return None
 
 
+def check_forward(model: nn.Module, batch: dict[str, torch.Tensor], *, classes: int | None = None,
+                  name: str | None = None, train_mode: bool = True) -> int:
+    """The number of class scores `model`'s forward returns on this (small) batch; ConfigError
+    (one line) when its output does not fit the task.
+
+    The loss is cross-entropy over the logits' last dimension: the logits must be floating
+    point, shaped like the labels plus that last dimension, and the labels class indices below
+    its size (and below `classes` when the data's classes are known). Checked in eval mode
+    without gradients, then (`train_mode`) in train mode, the mode the loss sees, with them: a
+    forward may return more there (an auxiliary output) or cut the graph (detach, no_grad). The
+    model's mode and buffers are put back; its weights are not touched.
+    """
+    name = name or f"model={shown_model(model)}"
+    inputs, labels = batch["inputs"], batch["labels"]
+    outputs = {}
+    for mode in ("eval", "train")[:1 + train_mode]:
+        try:
+            outputs[mode] = _forward(model, inputs, training=mode == "train")
+        except Exception as error:
+            reason = str(error).splitlines()[0] if str(error) else ""
+            raise ConfigError(f"{name} failed on a batch of inputs of shape {tuple(inputs.shape)} "
+                              f"({str(inputs.dtype).removeprefix('torch.')}){' in train mode' * (mode == 'train')}: "
+                              f"{type(error).__name__}: {reason}") from None
+        if mode == "train" and not isinstance(outputs[mode], torch.Tensor) and isinstance(outputs["eval"], torch.Tensor):
+            raise ConfigError(f"{name} returned {_what(outputs[mode])} in train mode ({_what(outputs['eval'])} in eval "
+                              "mode); the loss takes one tensor of logits: return only the logits in train mode too "
+                              "(keep an auxiliary output inside the model)")
+        if problem := _logits_problem(outputs[mode], labels, name, classes=classes,
+                                      mode=" in train mode" if mode == "train" else ""):
+            raise ConfigError(problem)
+    trains = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    if train_mode and trains and not outputs["train"].requires_grad:
+        raise ConfigError(f"{name} returned logits that do not require grad in train mode, so backward cannot reach "
+                          f"its {trains:,} trainable parameters; remove the .detach() or torch.no_grad() that cuts "
+                          "the logits off them in forward")
+    return outputs["eval"].shape[-1]
+
+
+def _first_two(dataset: Dataset, collate: Callable[[list], Any], device: torch.device) -> dict[str, Any]:
+    batch = collate([dataset[i] for i in range(min(2, len(dataset)))])
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
 def checked_copy(model: nn.Module, bundle: DataBundle, *, seed: int) -> nn.Module:
-    """What `run()` trains for the learner's module: `model_copy`, its forward checked once on
-    two training samples (`forward_problem`); ConfigError (one line) when it does not fit."""
+    """What `run()` and `training_parts()` train for the learner's module: `model_copy`, checked
+    before any training time is spent; ConfigError (one line) when it does not fit the data:
+
+    - its forward on two training samples, in eval and train mode (`check_forward`);
+    - a dataset passed in: every label it can read cheaply below the class scores the forward
+      returns (`label_range.first_out_of_range`), and its forward on two test samples (a test set
+      of another shape would fail at evaluation, after every step has trained).
+    """
     copied = model_copy(model, seed=seed)
     collate = bundle.collate_fn or ContractBatches()
-    batch = collate([bundle.train[i] for i in range(min(2, len(bundle.train)))])
     device = next(copied.parameters()).device  # where the learner built it; the run moves it after
-    batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    shown = f"model={shown_model(model)}"
     classes = bundle.num_classes or bundle.vocab_size  # a built-in data set's, when known
-    if problem := forward_problem(copied, batch, classes=classes, name=f"model={shown_model(model)}'s forward"):
-        raise ConfigError(problem)
+    train = _first_two(bundle.train, collate, device)
+    scores = check_forward(copied, train, classes=classes, name=f"{shown}'s forward")
+    if bundle.task == "custom":
+        for part, dataset in (("training", bundle.train), ("test", bundle.test)):
+            if found := label_range.first_out_of_range(dataset, collate, classes=scores):
+                item, label = found
+                fix = f"fix that label, or give the model's last layer {label + 1} outputs" if label > 0 else \
+                    "fix that label (-100 marks one the loss skips)"
+                raise ConfigError(f"data=<{bundle.name}>: item {item} of its {part} set has label {label}, but {shown}'s "
+                                  f"forward returns {scores} class score{'s' * (scores != 1)} (labels 0..{scores - 1}); {fix}")
+        if len(bundle.test):
+            _check_test_forward(copied, bundle, train, _first_two(bundle.test, collate, device), shown)
+    # The checks' item reads and train-mode forward (dropout) drew random numbers: the run starts
+    # from the seed, as a built-in model's does.
+    torch.manual_seed(seed)
     return copied
+
+
+def _form(inputs: torch.Tensor) -> str:
+    return f"{tuple(inputs.shape[1:])} {str(inputs.dtype).removeprefix('torch.')}"
+
+
+def _check_test_forward(model: nn.Module, bundle: DataBundle, train: dict[str, Any], test: dict[str, Any],
+                        shown: str) -> None:
+    """The test set's samples go through the forward as the training set's do (in eval mode, as
+    evaluation runs it): one of another shape or dtype would fail only after every step trained."""
+    try:
+        check_forward(model, test, name=f"{shown}'s forward", train_mode=False)
+    except ConfigError as error:
+        raise ConfigError(f"data=<{bundle.name}>: its test set does not fit the model (a test sample's inputs: "
+                          f"{_form(test['inputs'])}, a training sample's: {_form(train['inputs'])}), so evaluation "
+                          f"would fail after every step trained: {error}; pass a test set whose samples are shaped "
+                          "like the training set's") from None

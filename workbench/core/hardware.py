@@ -142,6 +142,47 @@ def gpu_info() -> GPUInfo | None:
     return GPUInfo(props.name, props.total_memory, (props.major, props.minor))
 
 
+GPU_MEMORY_ENV_VAR = "WORKBENCH_GPU_MEMORY_GIB"
+
+
+@functools.cache
+def _smi_memory_bytes() -> int | None:
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout.split()
+        return min(int(float(mib)) for mib in out) * 2**20 if out else None
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+
+
+def gpu_memory_bytes() -> tuple[int | None, str]:
+    """(total memory of this machine's smallest NVIDIA GPU in bytes, where it was read), or
+    (None, why not): $WORKBENCH_GPU_MEMORY_GIB, else nvidia-smi in a subprocess (cached). Never
+    torch: asking torch for a card's memory creates a CUDA context, which breaks a forking launcher.
+
+    Example:
+        >>> import os; os.environ["WORKBENCH_GPU_MEMORY_GIB"] = "15"
+        >>> gpu_memory_bytes()
+        (16106127360, '$WORKBENCH_GPU_MEMORY_GIB')
+        >>> del os.environ["WORKBENCH_GPU_MEMORY_GIB"]
+    """
+    text = os.environ.get(GPU_MEMORY_ENV_VAR, "").strip()
+    if text:
+        try:
+            gib = float(text)
+        except ValueError:
+            gib = 0.0
+        if not gib > 0:
+            raise ValueError(f"{GPU_MEMORY_ENV_VAR}={text!r} must be the card's memory in GiB, e.g. 15 for a "
+                             "16 GB T4; unset it to read nvidia-smi")
+        return int(gib * 2**30), f"${GPU_MEMORY_ENV_VAR}"
+    total = _smi_memory_bytes()
+    return (total, "nvidia-smi") if total else (None, f"no nvidia-smi answer; set {GPU_MEMORY_ENV_VAR}")
+
+
 @functools.cache
 def _proc_cpu_flags() -> frozenset[str]:
     """The instruction-set flags /proc/cpuinfo lists (empty where there is none)."""

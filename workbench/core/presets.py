@@ -9,6 +9,12 @@ Two more variables cap a preset without changing its shapes (model sizes, batch 
 sequence lengths): WORKBENCH_MAX_STEPS caps its steps and WORKBENCH_MAX_EVAL_SAMPLES its
 evaluation. CI uses them to run every notebook with the `cpu` and `gpu` shapes in minutes
 (a notebook that hard-codes one preset's shapes fails there); a learner never needs them.
+
+The `gpu` preset is sized to the card: its GPT shape comes from `GPU_CARDS` by the card's total
+memory ($WORKBENCH_GPU_MEMORY_GIB, else nvidia-smi: no CUDA context), and `Preset.sized` says
+what it chose and why. The table is the CUDA replay's answer (`scripts/card_sizes.py` computes it;
+tests/test_card_sizes.py recomputes it and fails when it is stale): core cannot call the planner,
+and a replay on a learner's first cell would cost seconds for a figure that never changes.
 """
 
 from __future__ import annotations
@@ -44,6 +50,12 @@ class Preset:
     """The step cap in force (WORKBENCH_MAX_STEPS), already applied to `steps`; None: none."""
     capped: str = ""
     """Which caps (WORKBENCH_MAX_STEPS, WORKBENCH_MAX_EVAL_SAMPLES) shortened this preset; '' if none."""
+    sized: str = ""
+    """What the gpu preset sized to the card, and why (one line); '' for a preset not sized."""
+
+    def __str__(self) -> str:
+        """The name, and the sizing note where there is one: what a notebook's first cell prints."""
+        return f"{self.name} ({self.sized})" if self.sized else self.name
 
     def cap(self, steps: int) -> int:
         """`steps` within the step cap in force: for a notebook's own step counts.
@@ -92,7 +104,8 @@ PRESETS: dict[str, Preset] = {
     "gpu": Preset(
         name="gpu",
         steps=300,
-        batch_size={"mlp": 512, "cnn": 256, "gpt": 32, "minilm": 64},
+        # The GPT's batch and sequence are a 16 GB card's (GPU_CARDS): what a card of unknown size gets.
+        batch_size={"mlp": 512, "cnn": 256, "gpt": 24, "minilm": 64},
         dims={
             "mlp": {"hidden": (2048, 2048)},
             "cnn": {"channels": (64, 128)},
@@ -104,6 +117,63 @@ PRESETS: dict[str, Preset] = {
         log_every=25,
     ),
 }
+
+
+CARD_HEADROOM = 0.85
+"""A sized notebook's largest run, replayed on fake CUDA tensors, peaks under this share of the
+card. The rest: the CUDA context (0.3-0.5 GiB, outside torch's allocator), the allocator's
+rounding and fragmentation, and what a notebook still holds from earlier cells (01's fp32 baseline
+at batch 32 replays at 14.82 GiB; the H200 measured 16.3 GB, 15.2 GiB, for it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CardShape:
+    """The gpu preset's GPT shape on cards of at least `min_gib` GiB (nvidia-smi's memory.total)."""
+
+    min_gib: float
+    gpt_batch: int
+    gpt_seq_len: int
+
+
+# The classes' floors sit under each class's nominal size, since a card reports less than its
+# label (nvidia-smi: a 16 GB T4 15,360 MiB; this project's 141 GB H200 143,156 MiB). The shapes are
+# scripts/card_sizes.py's: per class, the largest GPT batch of 32, 24, 16, 8 at seq 512 (else
+# 256) whose replayed peak in every notebook stays under CARD_HEADROOM of the class's floor. 07
+# trains a batch of 16 whatever the preset: on 8 GB only seq 256 fits it. 32 is the batch the
+# notebooks' claims were checked at on an H200: larger cards keep it (bigger is not checked).
+# The MLP, CNN and MiniLM shapes fit the smallest class as they are.
+GPU_CARDS: tuple[CardShape, ...] = (
+    CardShape(7.5, 24, 256),   # 8 GB
+    CardShape(11.0, 16, 512),  # 11-12 GB
+    CardShape(14.5, 24, 512),  # 16 GB (a T4: 15 GiB); also a card of unknown size
+    CardShape(22.0, 32, 512),  # 24 GB and up
+)
+
+
+UNKNOWN_CARD_GIB = 14.5
+"""A card whose memory cannot be read is sized as this class's (a 16 GB card's): the gpu preset's own shapes."""
+
+
+def _sized_to_card(preset: Preset) -> Preset:
+    """The gpu preset with its GPT shape for this machine's card, and a note saying which and why."""
+    from workbench.core.hardware import gpu_memory_bytes
+
+    total, source = gpu_memory_bytes()
+    gib = UNKNOWN_CARD_GIB if total is None else total / 2**30
+    row = max((r for r in GPU_CARDS if r.min_gib <= gib), key=lambda r: r.min_gib, default=GPU_CARDS[0])
+    if total is None:
+        why = f"as for a 16 GB card: this card's memory is unknown ({source})"
+    elif row.min_gib > gib:
+        why = (f"for this {gib:.1f} GiB card ({source}), below the smallest sized for ({row.min_gib:g} GiB): "
+               "its runs may not fit; WORKBENCH_PRESET=cpu fits any machine")
+    else:
+        why = (f"for this {gib:.1f} GiB card ({source}): each notebook's largest run replays under "
+               f"{CARD_HEADROOM:.0%} of {row.min_gib:g} GiB")
+        if row is GPU_CARDS[-1]:
+            why += ", at the batch the notebooks were checked at on an H200 (larger ones are not checked)"
+    return replace(preset, batch_size={**preset.batch_size, "gpt": row.gpt_batch},
+                   seq_len={**preset.seq_len, "gpt": row.gpt_seq_len},
+                   sized=f"GPT batch {row.gpt_batch} x seq {row.gpt_seq_len} {why}")
 
 
 def _cuda_available() -> bool:
@@ -137,7 +207,8 @@ def _env_cap(var: str) -> int | None:
 
 def get_preset(name: str | None = None) -> Preset:
     """The named preset, or the one in force, within the caps of WORKBENCH_MAX_STEPS and
-    WORKBENCH_MAX_EVAL_SAMPLES where they are set (the shapes never change).
+    WORKBENCH_MAX_EVAL_SAMPLES where they are set (the shapes never change); `gpu` sized to the
+    card (GPU_CARDS).
 
     Example:
         >>> get_preset("cpu-quick").steps
@@ -146,7 +217,7 @@ def get_preset(name: str | None = None) -> Preset:
     name = name or default_preset_name()
     if name not in PRESETS:
         raise ValueError(f"preset={name!r} is not a preset; use one of: {', '.join(PRESETS)}")
-    preset = PRESETS[name]
+    preset = _sized_to_card(PRESETS[name]) if name == "gpu" else PRESETS[name]
     max_steps, max_eval = _env_cap(MAX_STEPS_ENV_VAR), _env_cap(MAX_EVAL_ENV_VAR)
     if max_steps is None and max_eval is None:
         return preset

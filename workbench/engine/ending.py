@@ -20,8 +20,8 @@ from types import MethodType
 from workbench.core.config import ConfigError
 from workbench.measure.result import RunResult
 
-__all__ = ["Diverged", "RunInterrupted", "diverged_message", "free", "keep_partial", "last_result", "remember",
-           "untangle"]
+__all__ = ["Diverged", "RunInterrupted", "diverged_message", "free", "keep_partial", "last_result", "non_finite_loss",
+           "remember", "untangle"]
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -64,17 +64,24 @@ def diverged_message(cfg, first_bad: int, stopped: int) -> str:
     """What to say when the loss went non-finite at step `first_bad`: one line, with the fix."""
     if cfg.precision == "fp16":
         fix = "use precision='bf16' (fp32's range) or lower lr"
-        what = f"every fp16 loss from step {first_bad} was non-finite (the GradScaler cannot fix a forward overflow)"
     else:
-        what = f"the loss became non-finite (nan or inf) at step {first_bad}"
         fix = f"lower lr (now {cfg.lr:g})" + ("" if cfg.max_grad_norm else " or pass max_grad_norm=1.0")
+    what = non_finite_loss(cfg.precision, first_bad)
     return f"{what}; stopped at step {stopped}, before the weights were saved; {fix}"
 
 
+def non_finite_loss(precision: str, first_bad: int) -> str:
+    """What went non-finite, from which step (run() and the monitor say it alike)."""
+    if precision == "fp16":
+        return f"every fp16 loss from step {first_bad} was non-finite (the GradScaler cannot fix a forward overflow)"
+    return f"the loss became non-finite (nan or inf) at step {first_bad}"
+
+
 def keep_partial(result_now, error: BaseException) -> None:
-    """Nothing lost: a run that failed still leaves its curve so far in last_result()
-    (status 'failed'). The error itself is left as it was raised: its last line is what
-    launchers and readers take for the cause."""
+    """Nothing lost: a run that failed still leaves its result so far (status 'failed': its curve,
+    and the trained model once every step trained) in last_result() and as the error's `.result`.
+    The error's message is left as it was raised: its last line is what launchers and readers
+    take for the cause; a note under it (shown with the traceback) says where a trained model is."""
     if isinstance(error, ConfigError):  # refused before step 1: no run to keep
         return
     try:
@@ -82,6 +89,13 @@ def keep_partial(result_now, error: BaseException) -> None:
     except Exception:  # the failure may be the very thing a result is built from
         return
     remember(partial)
+    try:
+        error.result = partial
+    except (AttributeError, TypeError):  # an exception type that takes no attributes: last_result() has it
+        return
+    if partial.model is not None:
+        error.add_note(f"{partial.name}: all {partial.steps_done} steps trained before this failed; the trained model "
+                       "is this exception's .result.model (and workbench.last_result().model)")
 
 
 def untangle(model, plain, optimizer) -> None:

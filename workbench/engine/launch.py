@@ -112,9 +112,11 @@ def _child(target: RunConfig | Callable[..., Any], args: tuple, name: str | None
             value: Any = run(target, sinks=[_PipeSink(conn)], name=name)
         else:
             value = target(*args)
-    except BaseException:
+    except BaseException as error:
         # When one process fails, its peers fail next ("Connection closed by peer"):
-        # the time says which failure came first, the cause rather than an echo.
+        # the time says which failure came first, the cause rather than an echo. run()'s note
+        # points at this process's .result, which stays here: the cause's line stays the last.
+        vars(error).pop("__notes__", None)
         conn.send(("error", {"rank": rank, "time": time.time(), "traceback": traceback.format_exc()}))
         raise
     conn.send(("result", _without_own_objects(value)))
@@ -124,12 +126,14 @@ def _child(target: RunConfig | Callable[..., Any], args: tuple, name: str | None
 def _without_own_objects(value: Any) -> Any:
     """A result whose config names your own module and dataset in words: their tensors would
     cross the pipe through shared memory that is gone once this child exits (measured: the
-    parent's recv failed, FileNotFoundError). The parent puts its own objects back (launch())."""
+    parent's recv failed, FileNotFoundError). The parent puts its own objects back (launch()).
+    A trained model kept by a run that ended badly after training (`_Run.ended_result`) stays
+    here too, for the same reason."""
     if not isinstance(value, RunResult) or not isinstance(value.config, RunConfig):
         return value
     config = copy.copy(value.config)  # not RunConfig(...): a description is no model to check
     config.model, config.data = custom.describe_model(config.model), custom.describe_data(config.data)
-    return replace(value, config=config)
+    return replace(value, config=config, model=None)
 
 
 def _check_num_processes(num_processes: Any) -> None:

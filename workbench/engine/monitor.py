@@ -17,12 +17,15 @@ It assumes nothing about the model or the batch: the loop says how many samples 
 tokens) a step took. A step is one optimizer step; with gradient accumulation, wrap the
 whole window and call `mon.loss` per micro-batch (the logged loss is their mean). Time
 outside `mon.step()` (fetching the next batch, logging) is reported as the wait for data.
-Like `run()`, it syncs the device only at log steps (`loss.item()` there), so a GPU keeps
-its queue full; its own cost is a few clock reads per step.
+Like `run()`, it syncs the device only at log steps (the losses are read there), so a GPU keeps
+its queue full; its own cost is a few clock reads per step. Like `run()`, a loss that stops
+being finite ends the loop at that log step as 'diverged', naming the step; a loop that never
+calls `mon.loss` has no loss curve (its result says so), never one of invented zeros.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import time
@@ -32,14 +35,19 @@ from typing import Any
 import torch
 
 from workbench.core import hardware
+from workbench.core.compile_cache import damaged_cache
 from workbench.core.precisions import PRECISIONS
-from workbench.engine.ending import RunInterrupted, remember
+from workbench.engine.ending import Diverged, RunInterrupted, non_finite_loss, remember
+from workbench.engine.state import LossWindow
 from workbench.measure.counters import SavedActivationCounter
 from workbench.measure.flops import FlopCounter
 from workbench.measure.meters import MemoryMeter
 from workbench.measure.recorder import Recorder
 from workbench.measure.records import Sink
 from workbench.measure.result import LoopDescription, RunResult
+from workbench.switches.precision import stops_on
+
+NO_LOSS_NOTE = "no loss measured: the loop never called mon.loss(loss), so the result has no loss curve"
 
 
 class Monitor:
@@ -55,7 +63,8 @@ class Monitor:
             results table and the right peak FLOP/s (labels: the monitor does not change the loop).
         text: the loop passes `tokens=` per step (tokens/s).
         count_first_step: count the first step's saved activations and FLOPs exactly.
-        accelerator: under accelerate with several processes, for the rank and the group size.
+        accelerator: under accelerate with several processes, for the rank and the group size (the
+            logged loss is then the mean over the processes, as run() logs it).
 
     Example:
         >>> model = torch.nn.Linear(4, 2); opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -96,8 +105,14 @@ class Monitor:
         self.recorder.text = text
         self.result: RunResult | None = None
         """The RunResult, once the `with` block has ended (however it ended)."""
-        self._loss_sum = torch.zeros((), device=self.device)  # summed on the device: no sync per step
-        self._loss_count = 0
+        self._window = LossWindow(self.device)  # this interval's losses, on the device: no sync per step
+        # Several processes: every log step joins their figures (as run() does), so a loss that went
+        # non-finite in one stops them all at once; one stopping alone would leave the rest waiting
+        # in their next all-reduce.
+        self._gather = accelerator.gather if processes > 1 else None
+        self._window_ends: list[int] = []  # losses given by the end of each step of the window
+        self._window_start = 1  # the step of the window's first loss
+        self._losses_given = 0  # since the window began
         self._wall_start = time.perf_counter()
         self._sync_device = (lambda: torch.cuda.synchronize(self.device)) if self.device.type == "cuda" else (lambda: None)
 
@@ -112,20 +127,32 @@ class Monitor:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: Any) -> bool:
-        status, message = "ok", ""
-        if kind is not None and issubclass(kind, KeyboardInterrupt):
+        status, message, damaged = "ok", "", None
+        if kind is None and self._losses_given:  # the loop stopped between log steps: its last losses are read
+            try:
+                self._read_window(gather=False)  # the others may have stopped otherwise: no collective here
+            except Diverged as diverged:
+                kind, error = Diverged, diverged
+        if kind is not None and issubclass(kind, Diverged):
+            status, message = "diverged", str(error)
+        elif kind is not None and issubclass(kind, KeyboardInterrupt):
             status, message = "interrupted", f"stopped by the user at step {self.recorder.step}"
         elif kind is not None and issubclass(kind, torch.OutOfMemoryError):
             status, message = "oom", str(error).splitlines()[0]
         elif kind is not None:
-            status, message = "failed", f"{kind.__name__}: {error}".splitlines()[0]
+            damaged = damaged_cache(error)  # a torch.compile cache file swapped or corrupted: the folder, the fix
+            status, message = "failed", str(damaged) if damaged else f"{kind.__name__}: {error}".splitlines()[0]
+        elif not self.recorder.losses and self.recorder.step:
+            message = NO_LOSS_NOTE
         self.result = self.recorder.result(config=self.description, status=status, message=message, model=self.model,
                                            optimizer=self.optimizer, wall_s=time.perf_counter() - self._wall_start)
         remember(self.result)
         self.recorder.end(status, message, summary=self.result.summary())
         if status == "interrupted":
             raise RunInterrupted(self.result) from error
-        return status == "oom"  # like run(): an out-of-memory ends the run with a result, not a traceback
+        if damaged is not None:
+            raise damaged from error
+        return status in ("oom", "diverged")  # like run(): these end the run with a result, not a traceback
 
     # -- inside the loop --
 
@@ -151,20 +178,48 @@ class Monitor:
             # micro-batches saves K times one's (the counter sums them; one is alive at a time).
             k = self.description.grad_accum_steps
             recorder.probed(flops=flops.total, activation_bytes=saved.bytes // k if saved.bytes % k == 0 else saved.bytes)
+        self._window_ends.append(self._losses_given)
         if recorder.end_step(sync=self._sync_device):  # the first step: kept, and not timed
-            loss = (self._loss_sum / max(self._loss_count, 1)).item()  # the log step's sync
-            self._loss_sum.zero_()
-            self._loss_count = 0
-            recorder.log(loss, lr=self.optimizer.param_groups[0]["lr"] if self.optimizer is not None else None)
+            loss = self._read_window()  # the log step's sync; raises Diverged
+            recorder.log(loss, lr=self._lr())  # None: the loop gave no loss this interval
             recorder.restart_clock()  # the sinks' time is not a step's
         self._outside_since = time.perf_counter()  # from here until the next step: the wait for data
 
+    def _lr(self) -> float | None:
+        return self.optimizer.param_groups[0]["lr"] if self.optimizer is not None else None
+
+    def _read_window(self, *, gather: bool = True) -> float | None:
+        """The window's mean loss (None: none given; several processes: over them all), which then
+        starts afresh. A non-finite loss has poisoned the weights (fp16: only a window of no finite
+        loss, as run() decides): Diverged, naming the step it first appeared at."""
+        given, ends, start = self._losses_given, self._window_ends, self._window_start
+        self._losses_given, self._window_ends, self._window_start = 0, [], self.recorder.step + 1
+        if not given:
+            return None
+        loss, finite, first_bad = self._window.close(self._gather if gather else None)
+        if first_bad is not None and stops_on(self.description.precision, finite):
+            raise Diverged(self._diverged(start + bisect.bisect_right(ends, first_bad)))
+        return loss
+
+    def _diverged(self, first_bad: int) -> str:
+        lr = self._lr()
+        lower = "lower lr" + (f" (now {lr:g})" if isinstance(lr, (int, float)) else "")
+        fix = (f"autocast to torch.bfloat16 (fp32's range) or {lower}" if self.description.precision == "fp16"
+               else f"{lower} or clip the gradients (torch.nn.utils.clip_grad_norm_)")
+        what = non_finite_loss(self.description.precision, first_bad)
+        return f"{what}; stopped the loop at step {self.recorder.step}; {fix}"
+
     def loss(self, loss: torch.Tensor) -> None:
-        """The loss of a micro-batch (a tensor: summed on the device, read at log steps only)."""
+        """The loss of a micro-batch, one number (a tensor: kept on the device, read at log steps only)."""
         if not isinstance(loss, torch.Tensor):
-            raise TypeError(f"loss must be the loss tensor, got {type(loss).__name__}; pass mon.loss(loss), not loss.item()")
-        self._loss_sum += loss.detach().float().to(self._loss_sum.device)
-        self._loss_count += 1
+            raise TypeError(f"mon.loss takes the loss tensor, got {type(loss).__name__}; "
+                            "pass mon.loss(loss), not loss.item()")
+        if loss.numel() != 1 or loss.is_complex() or loss.dtype == torch.bool:
+            what = f"shape {tuple(loss.shape)}" if loss.numel() != 1 else f"dtype {loss.dtype}"
+            raise ValueError(f"mon.loss takes the micro-batch's loss as one real number, got a tensor of {what}; "
+                             "pass the scalar you call backward() on, e.g. mon.loss(loss.mean())")
+        self._window.add(loss.detach().reshape(()).to(self.device))
+        self._losses_given += 1
 
 
 monitor = Monitor  # wb.monitor(model, optimizer, steps=...): a Monitor, documented above

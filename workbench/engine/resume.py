@@ -22,8 +22,10 @@ Nothing is lost or overwritten:
   steps: each run has an id (a resumed run keeps its own), and a run never saves into a
   folder holding another run's steps, nor over a later step of its own;
 - a save is written to `step_N.partial-<run>` and renamed when whole, with every file's size
-  and SHA-256 in the loop file; a save that fails raises CheckpointError naming the last
-  complete one (the run's result so far is `last_result()`);
+  and SHA-256 in the loop file; a save the disk has no room for is refused before it is written,
+  and one that fails however it fails (a full disk, as safetensors' or torch's error; no
+  permission) removes its partial folder and raises CheckpointError in one line naming the
+  folder, the cause and the last complete save (the run's result so far is `last_result()`);
 - `check` verifies every file against what was saved before any is loaded, loads the RNG
   states itself (accelerate skips a bad one quietly), and notes where the resume cannot be
   exact (another max_grad_norm, device or torch): they become the run's warnings.
@@ -38,6 +40,7 @@ Example:
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import json
 import os
@@ -281,16 +284,59 @@ class CheckpointError(RuntimeError):
     """A save that failed during a run (disk full, folder removed): says which and what to do."""
 
 
-def save(accelerator: Any, cfg: RunConfig, state: Any) -> Path:
+def _free(root: Path) -> int | None:
+    """Bytes free on the disk under `root` (None when that cannot be read: the folder was removed)."""
+    try:
+        return shutil.disk_usage(root).free
+    except OSError:
+        return None
+
+
+def _disk_full(error: Exception, free: int | None, size: int | None) -> bool:
+    """Whether a save failed for want of room, whatever its writer called it: an OSError's errno,
+    safetensors' text ("No space left on device (os error 28)"), or torch's zip writer, which says
+    only "unexpected pos" (measured on a full tmpfs), with less free than the save holds."""
+    if getattr(error, "errno", None) == errno.ENOSPC or "No space left on device" in str(error):
+        return True
+    return None not in (free, size) and free < size
+
+
+def _save_failed(root: Path, path: Path, step: int, error: Exception | None, full: bool,
+                 size: int | None) -> CheckpointError:
+    """One line: the folder, why (the disk is full, with how much is free and needed; else the
+    error), the save that is kept, and the fix."""
+    done = _steps(root)
+    kept = (f"the last complete save, {done[-1].name}, is kept (resume_from={str(root)!r})" if done
+            else "no complete save is there")
+    if full:
+        free = _free(root)
+        room = ", ".join(text for text in (free is not None and f"{format_bytes(free)} free there",
+                                           size is not None and f"this save needs about {format_bytes(size)}") if text)
+        why = f": the disk is full ({room})" if room else ": the disk is full"
+        fix = "free space there, or pass a save_state_dir on a disk with room"
+    else:
+        first = (getattr(error, "strerror", None) or str(error)).strip().splitlines() or [""]
+        why, fix = f" ({type(error).__name__}: {first[0]})", "pass a save_state_dir you can write to, with room"
+    return CheckpointError(f"saving step {step} to {str(path)!r} failed{why}; {kept}; {fix} (the result so far is "
+                           "workbench.last_result())")
+
+
+def save(accelerator: Any, cfg: RunConfig, state: Any, *, size: int | None = None) -> Path:
     """Save everything needed to continue this run; every process must call it.
 
     The files are written into `step_N.partial-<run>` and the folder renamed to `step_N`
     once complete, so a save cut short never looks like a checkpoint and never replaces one.
+    `size`: the bytes the save holds at least (the weights and the optimizer's state): with
+    less free, the save is refused before a byte is written. Any failure while writing (a
+    full disk, no permission, a read-only disk) removes the partial folder and raises
+    CheckpointError; the saves before it stay whole.
     """
     root = Path(cfg.save_state_dir)
     path = step_dir(root, state.step)
     partial = root / f"{path.name}.partial-{state.run_id}"
     main = accelerator.is_main_process
+    if None not in (size, free := _free(root)) and free < size:  # every process: they stop together
+        raise _save_failed(root, path, state.step, None, True, size)
     try:
         if main and partial.exists():  # this run's own save, cut short before
             shutil.rmtree(partial)
@@ -299,34 +345,38 @@ def save(accelerator: Any, cfg: RunConfig, state: Any) -> Path:
         accelerator.save_state(str(partial))
         accelerator.wait_for_everyone()  # every process's files are in
         if main:
-            position = state.data_position
-            record = {
-                "run_id": state.run_id,
-                "loop": {name: getattr(state, name) for name in LOOP_FIELDS if hasattr(state, name)},
-                "data": {"epoch": position.epoch, "batches_in_epoch": position.batches_in_epoch,
-                         "shuffle_state": _encode(position.shuffle_state)},
-                "num_processes": accelerator.num_processes,
-                "config": {name: getattr(cfg, name) for name in MUST_MATCH},
-                "curve": {name: getattr(cfg, name) for name in CHANGES_THE_CURVE},
-                "device": accelerator.device.type, "torch": torch.__version__,
-                "files": {str(f.relative_to(partial)): [f.stat().st_size, _digest(f)]
-                          for f in sorted(partial.rglob("*")) if f.is_file()},
-            }
-            (partial / LOOP_FILE).write_text(json.dumps(record, indent=1))
+            _write_loop_file(accelerator, cfg, state, partial)
             if path.exists():
                 raise CheckpointError(f"{str(path)!r} appeared while this run was saving: another run saves into "
                                       f"{str(root)!r}; give each run its own save_state_dir")
             os.rename(partial, path)
-    except OSError as error:
+    except Exception as error:  # whatever the writer raised: safetensors' and torch's errors are no OSError
+        full = not isinstance(error, CheckpointError) and _disk_full(error, _free(root), size)
         if main:
             shutil.rmtree(partial, ignore_errors=True)
-        done = _steps(root)
-        kept = f"the last complete save is {done[-1].name}" if done else "no complete save is there"
-        raise CheckpointError(f"saving step {state.step} to {str(path)!r} failed ({type(error).__name__}: "
-                              f"{error.strerror or error}); {kept}; free space or pass another save_state_dir (the result so "
-                              "far is workbench.last_result())") from error
+        if isinstance(error, CheckpointError):
+            raise
+        raise _save_failed(root, path, state.step, error, full, size) from error
     accelerator.wait_for_everyone()  # the folder is complete before anyone reads it
     return path
+
+
+def _write_loop_file(accelerator: Any, cfg: RunConfig, state: Any, partial: Path) -> None:
+    """The loop's position and history, and every file's size and SHA-256, beside accelerate's files."""
+    position = state.data_position
+    record = {
+        "run_id": state.run_id,
+        "loop": {name: getattr(state, name) for name in LOOP_FIELDS if hasattr(state, name)},
+        "data": {"epoch": position.epoch, "batches_in_epoch": position.batches_in_epoch,
+                 "shuffle_state": _encode(position.shuffle_state)},
+        "num_processes": accelerator.num_processes,
+        "config": {name: getattr(cfg, name) for name in MUST_MATCH},
+        "curve": {name: getattr(cfg, name) for name in CHANGES_THE_CURVE},
+        "device": accelerator.device.type, "torch": torch.__version__,
+        "files": {str(f.relative_to(partial)): [f.stat().st_size, _digest(f)]
+                  for f in sorted(partial.rglob("*")) if f.is_file()},
+    }
+    (partial / LOOP_FILE).write_text(json.dumps(record, indent=1))
 
 
 @dataclass(frozen=True, slots=True)

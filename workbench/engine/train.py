@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
 from typing import Any
 
-from workbench.core import custom, hardware
+from workbench.core import compile_cache, custom, hardware
 from workbench.core.config import RunConfig
 from workbench.core.models import loss_fn
 from workbench.engine import resume
@@ -112,6 +112,27 @@ class _Run:
                                  accuracy=self.accuracy, optimizer=self.optimizer, wall_s=time.perf_counter() - self.wall_start,
                                  model=self.model if self.optimizer is not None else None)  # no breakdown before the optimizer
 
+    @property
+    def trained(self) -> bool:
+        """Every step has trained: what fails after (evaluation, the last save, a view) keeps the model."""
+        return self.optimizer is not None and self.state.step >= self.cfg.steps
+
+    def ended_result(self) -> RunResult:
+        """The result as the run ended. One that did not end 'ok' after every step trained (it failed
+        or ran out of memory at evaluation, at the last save, in a view) holds the trained model
+        (unwrapped, eval mode), whatever keep_model says: nothing trained is lost."""
+        result = self.build_result()
+        if self.status in ("ok", "diverged") or not self.trained:  # diverged: the weights are not usable
+            return result
+        return dataclasses.replace(result, model=self.accelerator.unwrap_model(self.model, keep_fp32_wrapper=False).eval())
+
+    def failed(self, error: BaseException, message: str | None = None) -> None:
+        """The run failed with `error`: its status, its message (`message`, else the error's
+        first line), and its result kept on the error (`keep_partial`)."""
+        after = f"after all {self.state.step} steps trained: " if self.trained else ""
+        self.status, self.message = "failed", after + (message or f"{type(error).__name__}: {error}".splitlines()[0])
+        keep_partial(self.ended_result, error)
+
 
 def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = None,
         keep_model: bool = False) -> RunResult:
@@ -199,7 +220,8 @@ def _tell_start(r: _Run, checkpoint: Any) -> None:
 @contextlib.contextmanager
 def _ending(r: _Run) -> Iterator[None]:
     """How the run ended, as its status, and its result (`r.result`). Any other error: every sink
-    that started hears 'failed', the partial result is kept (`last_result()`), and it is raised."""
+    that started hears 'failed', the partial result is kept (`last_result()`, the error's
+    `.result`; after every step trained, with the trained model), and it is raised."""
     try:
         try:
             yield
@@ -211,13 +233,15 @@ def _ending(r: _Run) -> Iterator[None]:
             if not oom.is_out_of_memory(error):
                 raise
             r.status, r.message = "oom", oom.describe_out_of_memory(error)  # a real allocation failure or the budget
-        r.result = r.build_result()
+        r.result = r.ended_result()
     except BaseException as error:  # every sink that started hears how the run ended, whatever happened
-        r.status, r.message = "failed", f"{type(error).__name__}: {error}".splitlines()[0]
+        damaged = compile_cache.damaged_cache(error)  # a torch.compile cache file swapped or corrupted
+        r.failed(damaged or error, message=str(damaged) if damaged else None)
         r.state.end("failed", r.message)
-        keep_partial(r.build_result, error)
         if r.model is not None or r.optimizer is not None:  # refused before building anything: nothing to free
             free(r.accelerator)
+        if damaged is not None:
+            raise damaged from error
         raise
 
 
@@ -225,7 +249,11 @@ def _finish(r: _Run, keep_model: bool) -> RunResult:
     """The sinks hear the end; the result is remembered and returned (or raised, interrupted)."""
     result = r.result
     # An out-of-memory or Ctrl-C while setting up ends it before the sinks start: none hears the end.
-    r.state.end(r.status, r.message, summary=result.summary())
+    try:
+        r.state.end(r.status, r.message, summary=result.summary())
+    except BaseException as error:  # a view that fails at the end: the run it was showing is kept
+        r.failed(error)
+        raise
     remember(result)
     if r.status != "ok":
         free(r.accelerator)
@@ -326,5 +354,7 @@ def _log_step(r: _Run, window: LossWindow, window_start: int, *, phases: LoopPha
     # fp16: the loss is the mean of the finite losses (skipped steps left out); the scale, the GradScaler's now
     state.log(window_loss, lr=r.optimizer.param_groups[0]["lr"], loss_scale=precision.loss_scale(accelerator))
     if cfg.save_state_dir and (state.step % (cfg.save_every or cfg.steps) == 0 or state.step == cfg.steps):
-        resume.save(accelerator, cfg, state)  # technique: save and resume (at log steps: windows line up)
+        # technique: save and resume (at log steps: windows line up); a disk without room for the
+        # weights and the optimizer's state is refused before a byte is written
+        resume.save(accelerator, cfg, state, size=parameter_bytes(r.model) + optimizer_state_bytes(r.optimizer))
     return state.step + 1

@@ -70,6 +70,8 @@ def agree(by_hand: Any, result: Any, *, loss_rtol: float | None = None, extra: d
     if unknown:
         raise ValueError(f"extra= names {sorted(unknown)}; choose from {list(MEMORY_PARTS)}")
     rtol = loss_rtol if loss_rtol is not None else (1e-4 if str(result.device).startswith("cpu") else 1e-2)
+    if result.losses and not by_hand.losses:
+        raise Disagree(f"by hand logged no loss (wb.run logged {len(result.losses)}): call mon.loss(loss) in each step")
     if by_hand.loss_steps != result.loss_steps:
         raise Disagree(f"logged at other steps: by hand {by_hand.loss_steps}, wb.run {result.loss_steps}")
     for step, a, b in zip(result.loss_steps, by_hand.losses, result.losses):

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import re
 import warnings
 from typing import Any
 import torch
@@ -161,12 +162,39 @@ def weight_intx(model: nn.Module, *, bits: int, group_size: int | None = None) -
 
 
 def convert_qat(model: nn.Module, *, bits: int) -> nn.Module:
-    """A real quantized copy of a QAT-trained model (same scheme as weight_intx(bits))."""
+    """A real quantized copy of a QAT-trained model (same scheme as weight_intx(bits)): `bits`
+    must be the weights' width it trained with, or the conversion would discard what QAT learned."""
+    require_linear(model)
+    config = intx_config(bits)
     qat = import_torchao("torchao.quantization.qat")
-    if not any(type(m).__name__.startswith("FakeQuantized") for m in model.modules()):
+    trained = {_fake_quant_scheme(m) for m in model.modules() if type(m).__name__.startswith("FakeQuantized")}
+    if not trained:
         raise ValueError("this model has no fake-quantized layers: train it with RunConfig(qat='int4') "
                          "(or prepare_qat) first, or use weight_intx() for PTQ")
-    return quantize_with(model, qat.QATConfig(intx_config(bits), step="convert"))
+    asked = f"int8 activations, int{bits} weights per channel"
+    if trained != {asked}:
+        ours = [re.fullmatch(r"int8 activations, int(\d) weights per channel", scheme) for scheme in trained]
+        fix = (f"pass bits={ours[0].group(1)}, the width it trained with" if len(ours) == 1 and ours[0]
+               else "convert it with the torchao QATConfig it was prepared with (step='convert')")
+        raise ValueError(f"convert_qat(bits={bits}) would quantize to {asked}, but the model was trained with "
+                         f"{' and '.join(sorted(trained))}; {fix}")
+    return quantize_with(model, qat.QATConfig(config, step="convert"))
+
+
+def _fake_quant_scheme(layer: nn.Module) -> str:
+    """What a fake-quantized layer trained with, in convert_qat's words: 'int8 activations, int4
+    weights per channel' (what prepare_qat(bits=4) inserts)."""
+    def described(quantizer: Any, what: str) -> str:
+        config = getattr(quantizer, "config", None)
+        if config is None:
+            return f"{what} unquantized"
+        dtype = str(getattr(config, "dtype", type(config).__name__)).removeprefix("torch.")
+        granularity = getattr(config, "granularity", None)
+        size = getattr(granularity, "group_size", None)
+        where = {"PerAxis": " per channel", "PerToken": ""}.get(type(granularity).__name__, f" {granularity}")
+        return f"{dtype} {what}" + (f" in groups of {size}" if size else where)
+    activations = described(getattr(layer, "activation_fake_quantizer", None), "activations")
+    return f"{activations}, {described(getattr(layer, 'weight_fake_quantizer', None), 'weights')}"
 
 
 def activation_scales(model: nn.Module) -> list[float]:

@@ -96,11 +96,13 @@ class Recorder:
                 self.timing.restart(now=time.perf_counter(), next_step=2)
         return log
 
-    def log(self, loss: float, *, lr: float | None, loss_scale: float | None = None) -> None:
-        """A log step's loss (the mean since the last; fp16: with the GradScaler's scale): the
-        sinks hear the interval's rates, the run's so far over its timed steps, and memory now."""
-        self.losses.append(loss)
-        self.loss_steps.append(self.step)
+    def log(self, loss: float | None, *, lr: float | None, loss_scale: float | None = None) -> None:
+        """A log step's loss (the mean since the last; fp16: with the GradScaler's scale; None: the
+        loop measured none, and the curve gets no point): the sinks hear the interval's rates, the
+        run's so far over its timed steps, and memory now."""
+        if loss is not None:
+            self.losses.append(loss)
+            self.loss_steps.append(self.step)
         timing, meter, flops = self.timing, self.meter, self.flops_per_step
         interval = timing.close(now=time.perf_counter(), step=self.step, flops_per_step=flops, timed=self.step != 1,
                                 text=self.text)

@@ -42,8 +42,9 @@ class StepRecord:
     step: int
     """Optimizer steps done so far (1-based)."""
     total_steps: int
-    loss: float
-    """Mean training loss over the micro-batches since the last log step."""
+    loss: float | None
+    """Mean training loss over the micro-batches since the last log step (None: the loop measured
+    none, a monitored loop that never calls mon.loss)."""
     elapsed_s: float
     """Seconds since the run started (set-up excluded)."""
     step_time_s: float
@@ -92,7 +93,7 @@ class RunEnd:
     'ok' and 'interrupted' as a failure, so a status added later still shows as one."""
     steps_done: int
     message: str = ""
-    """What happened, in one line (empty when status is 'ok')."""
+    """What happened, in one line (for 'ok', empty or a note such as that no loss was measured)."""
     summary: dict[str, Any] = field(default_factory=dict)
     """Headline figures of the finished run (see RunResult.summary())."""
     rank: int = 0

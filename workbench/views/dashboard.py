@@ -293,7 +293,8 @@ class Dashboard:
             view.interval_first_step = None  # it began where the saved run stopped
         else:  # step 1 (exact counting, warm-up) is timed alone, and left out of the run's timings
             view.interval_first_step = 1 if record.step == 1 else 2
-        view.curve.add(record.step, record.loss)
+        if record.loss is not None:  # a monitored loop that gives no loss: no point, never a made-up one
+            view.curve.add(record.step, record.loss)
         view.last = record
         if view.first_log_at is None:
             view.first_log_at = self.clock()
@@ -310,7 +311,7 @@ class Dashboard:
         # Once over, the bar is filled in the status's colour (green, orange, red): a bar filled to
         # where a run stopped looks empty at step 1 of 200. The step line says where it stopped.
         self.progress.value = self.progress.max
-        if record.status != "ok":
+        if record.status != "ok" or record.message:  # a failure, or a note (a monitored loop measured no loss)
             self.details.value = run_numbers.details_html(record, total_steps=view.start.total_steps)
             self.details.layout.display = None
         self.plot.note_overlaps()
@@ -325,7 +326,7 @@ class Dashboard:
             rows.append([
                 view.label, run_numbers.STATUS.get(view.status, (view.status,))[0],
                 str(view.end.steps_done if view.end else (last.step if last else 0)),
-                f"{last.loss:.4f}" if last else "-",
+                f"{last.loss:.4f}" if last and last.loss is not None else "-",
                 format_metric("step_time_s", final.get("step_time_s", last and last.mean_step_time_s)),
                 format_metric("samples_per_sec", final.get("samples_per_sec", last and last.mean_samples_per_sec)),
                 f"{format_bytes(peak)} ({last.memory_kind})" if peak else "-",

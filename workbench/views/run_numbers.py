@@ -98,7 +98,7 @@ def other_figures(record: StepRecord, *, memory_total_bytes: int | None) -> list
         peak += f" of {format_bytes(memory_total_bytes)}"
     wait, step = record.data_wait_s, record.step_time_s
     rows = [
-        ("loss", "training loss, last interval", f"{record.loss:.4f}"),
+        ("loss", "training loss, last interval", None if record.loss is None else f"{record.loss:.4f}"),
         ("memory", f"{kind}, now", None if record.memory_bytes is None else format_bytes(record.memory_bytes)),
         ("memory_peak", f"{kind}, peak", peak),
         ("memory_reserved", "CUDA reserved, now",
@@ -165,7 +165,7 @@ def summary_line(label: str, status: str, last: StepRecord | None, end: RunEnd |
     mean = (end.summary if end else {}).get("step_time_s", last.mean_step_time_s if last else None)
     if mean is not None:
         parts.append(f"{format_metric('step_time_s', mean)} ms/step (run mean)")
-    if last is not None:
+    if last is not None and last.loss is not None:
         parts.append(f"{'final loss' if end else 'loss'} {last.loss:.4f}")
     return ", ".join(parts)
 

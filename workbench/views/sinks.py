@@ -65,7 +65,8 @@ class TextSink:
         rates = f"last interval {record.step_time_s * 1e3:.1f} ms/step, {record.samples_per_sec:,.0f} samples/s"
         if record.tokens_per_sec is not None:
             rates += f", {record.tokens_per_sec:,.0f} tokens/s"
-        parts = [f"[{record.run_name}] step {record.step}/{record.total_steps}", f"loss {record.loss:.4f}", rates]
+        loss = "no loss measured" if record.loss is None else f"loss {record.loss:.4f}"
+        parts = [f"[{record.run_name}] step {record.step}/{record.total_steps}", loss, rates]
         if record.memory_bytes is not None:
             parts.append(f"{record.memory_kind} {format_bytes(record.memory_bytes)}")
         self._print(" | ".join(parts))
@@ -75,6 +76,7 @@ class TextSink:
         later) as that status, the steps done and the message, which says what to change."""
         if record.status == "ok":
             line = f"[{record.run_name}] done: {record.steps_done} steps"
+            line += f"; {record.message}" if record.message else ""  # 'ok' with a note
         else:
             line = f"[{record.run_name}] {record.status} after {record.steps_done} steps: {record.message}"
         step_time, samples = record.summary.get("step_time_s"), record.summary.get("samples_per_sec")
