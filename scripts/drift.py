@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -33,9 +34,10 @@ def installed(python: Path) -> dict[str, str]:
 
 
 def changes(lock: dict[str, str], now: dict[str, str]) -> list[dict[str, str | None]]:
-    """Packages of the lock whose version differs in the new environment (None: absent)."""
-    return [{"package": n, "locked": v, "newest": now.get(n)} for n, v in lock.items()
-            if now.get(n) != v and n not in ("setuptools", "wheel")]
+    """Packages of the lock installed at another version in the new environment (a package it
+    does not have is an extra it did not ask for: DALI and its libraries)."""
+    return [{"package": n, "locked": v, "newest": now[n]} for n, v in lock.items()
+            if n in now and now[n] != v and n not in ("setuptools", "wheel")]
 
 
 def failures(junit: Path) -> list[dict[str, str]]:
@@ -47,8 +49,11 @@ def failures(junit: Path) -> list[dict[str, str]]:
             bad = case.find(kind)
             if bad is not None:
                 message = (bad.get("message") or "").strip().splitlines()
+                # nbval's message is only "Notebook cell execution failed": its last line says why.
+                detail = [line.strip() for line in re.sub(r"(\x1b|#x1B)\[[0-9;]*m", "", bad.text or "").splitlines() if line.strip()]
                 failed.append({"test": f"{case.get('classname')}::{case.get('name')}", "kind": kind,
-                               "message": message[0][:300] if message else ""})
+                               "message": message[0][:300] if message else "",
+                               "detail": detail[-1][:300] if detail else ""})
     return failed
 
 
@@ -85,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     for c in report["changed"]:
         print(f"  {c['package']}: {c['locked']} -> {c['newest'] or 'not installed'}")
     for f in report["failed"]:
-        print(f"  FAILED {f['test']}: {f['message']}")
+        print(f"  FAILED {f['test']}: {f['message']} {f['detail']}")
     print(f"  {len(report['changed'])} packages moved, {len(report['failed'])} tests failed")
     return 0
 

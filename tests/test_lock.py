@@ -43,12 +43,13 @@ def test_a_lock_line_is_a_name_and_an_exact_version():
 
 
 def test_drift_names_each_moved_package_and_each_failed_test(tmp_path):
-    assert drift.changes({"torch": "2.13.0", "numpy": "2.4.6", "wheel": "0.48.0"},
-                         {"torch": "2.14.1", "numpy": "2.4.6"}) == [
+    assert drift.changes({"torch": "2.13.0", "numpy": "2.4.6", "wheel": "0.48.0", "nvtx": "0.2.17"},
+                         {"torch": "2.14.1", "numpy": "2.4.6", "wheel": "0.49.0"}) == [
         {"package": "torch", "locked": "2.13.0", "newest": "2.14.1"}]
     junit = tmp_path / "junit.xml"
     junit.write_text(
         '<testsuites><testsuite><testcase classname="tests.test_a" name="test_ok"/>'
         '<testcase classname="tests.test_a" name="test_bytes"><failure message="assert 1 == 2&#10;more">'
-        'trace</failure></testcase></testsuite></testsuites>')
-    assert drift.failures(junit) == [{"test": "tests.test_a::test_bytes", "kind": "failure", "message": "assert 1 == 2"}]
+        'trace&#10;#x1B[91mUnexpected output fields: stderr#x1B[0m&#10;#x1B[0m&#10;</failure></testcase></testsuite></testsuites>')
+    assert drift.failures(junit) == [{"test": "tests.test_a::test_bytes", "kind": "failure", "message": "assert 1 == 2",
+                                      "detail": "Unexpected output fields: stderr"}]
