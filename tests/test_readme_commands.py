@@ -24,6 +24,7 @@ LEDGER = {
     "make learn": (AS_WRITTEN, ".ci/check-learn.sh", "make learn"),
     "make test": (AS_WRITTEN, ".ci/run", "make test"),
     "make test-presets": (AS_WRITTEN, ".ci/run", "make test-presets"),
+    "make test-spawn": (AS_WRITTEN, ".ci/run", "make test-spawn"),
     "make learner-copies": (AS_WRITTEN, ".ci/run", "make learner-copies"),
     "make preflight": (AS_WRITTEN, ".ci/run", "make preflight"),
     "python scripts/course_facts.py": (AS_WRITTEN, ".ci/run", "python scripts/course_facts.py"),
