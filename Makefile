@@ -1,7 +1,7 @@
 # The two commands of the README. Both install what is missing first (scripts/setup.sh).
 PY := $(if $(VIRTUAL_ENV)$(CONDA_PREFIX),python,.venv/bin/python)
 
-.PHONY: learn lab course-facts test test-presets setup browser benchmark gpu-check preflight learner-copies run-all lock wheelhouse drift
+.PHONY: learn lab course-facts test test-presets test-spawn setup browser benchmark gpu-check preflight learner-copies run-all lock wheelhouse drift
 
 setup:
 	@bash scripts/setup.sh lab,test,quantization
@@ -80,6 +80,18 @@ test-presets: setup
 	  --env WORKBENCH_MAX_STEPS=10 --env WORKBENCH_MAX_EVAL_SAMPLES=200 --out test-artifacts/presets-cpu.json
 	$(PY) benchmarks/notebook_times.py --preset gpu --hog --timeout 600 --notebooks $(GPU_SHAPES_ON_CPU) \
 	  --env WORKBENCH_MAX_STEPS=3 --env WORKBENCH_MAX_EVAL_SAMPLES=64 --out test-artifacts/presets-gpu.json
+
+# The notebooks that start processes (04: DataLoader workers; 06 and 09: wb.launch and
+# wb.launch_function) with the `spawn` start method, macOS's and Windows' default, here on Linux:
+# .ci/spawn/sitecustomize.py sets it in every Python process (the kernels and their children).
+# accelerate's notebook_launcher (06's first section) forks whatever the default: see README.
+SPAWN_NOTEBOOKS := notebooks/04_input_pipelines.ipynb notebooks/06_multi_gpu.ipynb notebooks/09_train_fewer_bytes.ipynb
+test-spawn: setup
+	PYTHONPATH=$(CURDIR)/.ci/spawn$(if $(PYTHONPATH),:$(PYTHONPATH)) $(PY) -c \
+	  'import multiprocessing as m; assert m.get_start_method() == "spawn", "sitecustomize not loaded"'
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WORKBENCH_PRESET=cpu-quick \
+	PYTHONPATH=$(CURDIR)/.ci/spawn$(if $(PYTHONPATH),:$(PYTHONPATH)) $(PY) -m pytest $(SPAWN_NOTEBOOKS)
 
 # Every notebook under the gpu preset on this machine's GPU, executed copies and a summary of the
 # GPU claims in docs/gpu-reference/ (scripts/gpu_check.py; about 6 minutes on one H200).

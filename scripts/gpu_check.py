@@ -13,6 +13,11 @@ or timed-out notebook is recorded and the check goes on. Whatever happens, OUT g
 OUT/notebooks unless --tar-only). Figures only a GPU can give are null, with the reason, on a
 CPU dry run.
 
+Without a CUDA GPU the `gpu` preset has nothing to check: the check says so in one line, writes
+nothing and exits 0. Not a failure: `make gpu-check` on a laptop or in CPU CI is a question
+answered ("no GPU here"), and a non-zero status would make every CPU machine's run of the
+documented command look broken; the line names what to run instead (the CPU dry run).
+
 Sizing: the whole check must fit 8 minutes on one H200 (fp32 without TF32 ~67 TFLOP/s, bf16
 ~790). A gpu-preset GPT step as sized for an H200 (12 layers, d=768, 32 x 512 tokens) is ~10 TFLOP: ~0.2-0.3 s in
 fp32, so the preset's 300 steps would take 60-90 s a run, and notebooks 01, 02, 03 and 07 train
@@ -47,6 +52,15 @@ TIMEOUT_S = {"00_tour": 45, "01_mixed_precision": 90, "02_gradient_accumulation"
              # two inductor compiles of the 12-layer GPT, 34 s each on an H200 (docs/gpu-reference)
              "08_speed_without_changing_the_math": 240}
 NO_GPU = "no CUDA device here (a dry run): a GPU-only figure"
+# What the check says on a machine without a CUDA GPU, and all it does there: nothing is written.
+NO_CUDA_LINE = ("gpu-check: no CUDA GPU here (torch.cuda.is_available() is False); nothing run, nothing written "
+                "to {out}; a CPU dry run of the same code path: python scripts/gpu_check.py --preset cpu-quick --out /tmp/dry")
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _number(value: Any) -> float | int | None:
@@ -194,8 +208,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tar-only", action="store_true", help="executed notebooks only inside notebooks.tar.gz")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    # Absolute before anything changes directory: each child runs from notebooks/ (child()), and
+    # a relative --out then named a folder under notebooks/ that was not there.
+    args.out = args.out.resolve()
     if args.child:
         return child(args.child, args.out)
+    if args.preset == "gpu" and not _cuda_available():
+        print(NO_CUDA_LINE.format(out=args.out))
+        return 0
 
     executed = args.out / "notebooks"
     if executed.resolve() == (ROOT / "notebooks").resolve():  # measured: --out . --tar-only deleted them all

@@ -64,3 +64,42 @@ def test_the_summary_says_why_a_gpu_figure_is_missing_on_a_cpu():
 def test_every_timeout_fits_the_budget_and_a_new_notebook_gets_the_default():
     assert all(0 < t < 450 for t in gpu_check.TIMEOUT_S.values())  # each fits the default --budget-s
     assert gpu_check.DEFAULT_TIMEOUT_S < 450 and set(gpu_check.NOTEBOOKS) >= {"00_tour", "07_planner"}
+
+
+def _state_of(folder: str) -> str:
+    """What git sees in `folder`: changed, untracked and ignored files alike."""
+    return subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=all", "--", folder],
+                          cwd=SCRIPTS.parent, capture_output=True, text=True, check=True).stdout
+
+
+def test_make_gpu_check_without_a_gpu_says_so_in_one_line_and_writes_nothing():
+    """The README's `make gpu-check`, its recipe as written (`-o setup`: this environment is installed
+    already, and a test must not re-install it): on a CPU machine one line, status 0, and
+    docs/gpu-reference/ exactly as it was."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is here: make gpu-check would run the whole check")
+    before = _state_of("docs/gpu-reference")
+    proc = subprocess.run(["make", "-o", "setup", "gpu-check", f"PY={sys.executable}"], cwd=SCRIPTS.parent,
+                          capture_output=True, text=True, timeout=120)
+    out = SCRIPTS.parent / "docs" / "gpu-reference"
+    assert (proc.returncode, proc.stderr) == (0, ""), proc.stdout + proc.stderr
+    # make's echo of the recipe, then the check's one line
+    assert proc.stdout.splitlines() == [f"{sys.executable} scripts/gpu_check.py --out docs/gpu-reference",
+                                        gpu_check.NO_CUDA_LINE.format(out=out)]
+    assert _state_of("docs/gpu-reference") == before
+
+
+def test_a_relative_out_is_the_callers_folder_not_the_notebooks(tmp_path, monkeypatch):
+    """--out is made absolute before anything changes directory: a notebook's child process runs
+    from notebooks/ and wrote its record to notebooks/<out>/, a folder that was not there
+    (FileNotFoundError for all ten). The notebook itself is not run here: nbrun.execute is stubbed."""
+    nbrun = pytest.importorskip("nbrun")
+    ran = []
+    monkeypatch.setattr(nbrun, "execute", lambda src, dst: ran.append((pathlib.Path.cwd(), src, dst)) or ("ok", None, {}))
+    (tmp_path / "rel").mkdir()  # the parent makes it before it starts any child
+    monkeypatch.chdir(tmp_path)  # (and back to the test's folder afterwards: child() changes it)
+    assert gpu_check.main(["--child", "00_tour", "--out", "rel"]) == 0
+    assert ran == [(SCRIPTS.parent / "notebooks", SCRIPTS.parent / "notebooks" / "00_tour.ipynb",
+                    tmp_path / "rel" / "00_tour.ipynb")]
+    assert json.loads((tmp_path / "rel" / "00_tour.json").read_text())["status"] == "ok"

@@ -162,6 +162,40 @@ def test_spawned_children_work_too():
     assert [v[:2] for v in values] == [(0, 2), (1, 2)]
 
 
+def _defined_in_a_notebook(source: str, name: str, **names):
+    """A function as a notebook cell defines it: its module is __main__, which a spawned process
+    (macOS's and Windows' start method) cannot import it from."""
+    namespace = {"__name__": "__main__", **names}
+    exec(source, namespace)
+    return namespace[name]
+
+
+def test_a_function_defined_in_a_notebook_reaches_spawned_children():
+    world = _defined_in_a_notebook("def world(offset):\n    from accelerate import PartialState\n"
+                                   "    state = PartialState()\n    return state.process_index + offset, state.num_processes\n",
+                                   "world")
+    assert world.__module__ == "__main__"
+    assert launch_function(world, 10, num_processes=2, device="cpu", timeout_s=120, start_method="spawn") == [(10, 2), (11, 2)]
+
+
+def test_a_notebook_function_that_cannot_be_sent_to_a_spawned_child_says_so_before_starting():
+    stuck = _defined_in_a_notebook("def stuck():\n    return next(numbers)\n", "stuck", numbers=(i for i in range(3)))
+    with pytest.raises(LaunchError, match=r"^stuck \(defined in the notebook\) cannot be sent to a spawned process "
+                                          r"\(.+\); define it in a .py module and import it$"):
+        launch_function(stuck, num_processes=2, device="cpu", timeout_s=60, start_method="spawn")
+
+
+def test_auto_follows_the_start_method_this_process_uses(monkeypatch):
+    import multiprocessing
+
+    from workbench.engine.launch import _start_method
+
+    monkeypatch.setattr(multiprocessing, "get_start_method", lambda allow_none=False: "spawn")  # macOS, Windows
+    assert _start_method("auto") == "spawn"
+    monkeypatch.setattr(multiprocessing, "get_start_method", lambda allow_none=False: "fork")  # Linux (Python < 3.14)
+    assert _start_method("auto") == "fork"
+
+
 def test_an_epoch_on_two_processes_is_one_pass_over_the_data_by_both():
     # digits: 1,437 images, 22 batches of 64: one process takes 22 steps, two take 11 each.
     cfg = RunConfig(model="mlp", data="digits", epochs=1, batch_size=64, log_every=11, dims={"hidden": (32,)},

@@ -24,6 +24,7 @@ LEDGER = {
     "make learn": (AS_WRITTEN, ".ci/check-learn.sh", "make learn"),
     "make test": (AS_WRITTEN, ".ci/run", "make test"),
     "make test-presets": (AS_WRITTEN, ".ci/run", "make test-presets"),
+    "make test-spawn": (AS_WRITTEN, ".ci/run", "make test-spawn"),
     "make learner-copies": (AS_WRITTEN, ".ci/run", "make learner-copies"),
     "make preflight": (AS_WRITTEN, ".ci/run", "make preflight"),
     "python scripts/course_facts.py": (AS_WRITTEN, ".ci/run", "python scripts/course_facts.py"),
@@ -36,7 +37,8 @@ LEDGER = {
     "make run-all PRESET=cpu": (NOT_RUN, "", "minutes per preset in a real browser; its records are benchmarks/results/lab-*.json"),
     "make run-all PRESET=P": (NOT_RUN, "", "as above"),
     "make benchmark": (NOT_RUN, "", "a timing record, minutes; tests/test_monitor.py covers the monitor it measures"),
-    "make gpu-check": (NOT_RUN, "", "needs a CUDA GPU; its output is docs/gpu-reference/"),
+    "make gpu-check": (VARIANT, "tests/test_gpu_check.py", "make -o setup gpu-check on this CPU machine (set-up marked done): "
+                       "the one no-GPU line, nothing written; the check itself needs a CUDA GPU"),
     "python scripts/gpu_check.py --preset cpu-quick --out /tmp/dry": (NOT_RUN, "", "every notebook once more, minutes; CI's notebook passes cover the notebooks"),
     "python benchmarks/notebook_times.py --preset P --isa avx2 [--hog]": (NOT_RUN, "", "a placeholder command (P); make test-presets runs this script"),
     "python -m workbench --model gpt --precision bf16 --steps 300": (VARIANT, "tests/test_cli.py", "main() with a small model and few steps"),

@@ -116,7 +116,8 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def _spin(iterations: int) -> None:
+def _spin(iterations: int, ready: Any) -> None:
+    ready.wait()  # every process started: the timing leaves out start-up (seconds of imports under spawn)
     total = 0
     for i in range(iterations):  # pure Python: one core, no BLAS threads
         total += i
@@ -133,13 +134,17 @@ def parallel_speedup(processes: int = 2, *, iterations: int = 3_000_000) -> floa
     """
     import multiprocessing
 
-    context = multiprocessing.get_context("fork")
+    # this process's start method (spawn on macOS and Windows), named so as not to fix the default
+    context = multiprocessing.get_context(multiprocessing.get_start_method(allow_none=True)
+                                          or multiprocessing.get_all_start_methods()[0])
 
     def timed(count: int) -> float:
-        start = time.perf_counter()
-        workers = [context.Process(target=_spin, args=(iterations,)) for _ in range(count)]
+        ready = context.Barrier(count + 1)
+        workers = [context.Process(target=_spin, args=(iterations, ready)) for _ in range(count)]
         for w in workers:
             w.start()
+        ready.wait()
+        start = time.perf_counter()
         for w in workers:
             w.join()
         return time.perf_counter() - start

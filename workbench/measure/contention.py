@@ -94,7 +94,7 @@ class OtherWork:
     """CPU time that processes other than this one and its children used while a block ran."""
 
     cpu_s: float | None = None
-    """Their CPU seconds (None: no /proc/stat, not Linux)."""
+    """Their CPU seconds (None: neither /proc/stat nor psutil could read the machine's)."""
     wall_s: float = 0.0
     own_s: float = 0.0
     """CPU seconds of this process and its finished children over the block (not counted above)."""
@@ -111,26 +111,40 @@ class OtherWork:
 
     def __str__(self) -> str:
         if self.cores is None:
-            return "other work on the CPU: unknown (no /proc/stat)"
+            return "other work on the CPU: unknown (no /proc/stat, and psutil could not read it)"
         return f"other processes kept {self.cores:.2f} core(s) busy meanwhile"
 
 
 def _machine_busy_s() -> float | None:
-    """CPU seconds all cores have spent busy since boot (user, nice, system, irq, softirq, steal)."""
+    """CPU seconds all cores have spent busy since boot (user, nice, system, irq, softirq, steal):
+    /proc/stat on Linux, psutil's cpu_times() without it (macOS, Windows; None if it fails too)."""
     try:
         with open("/proc/stat") as stat:
             fields = stat.readline().split()[1:]
     except OSError:
-        return None
+        import psutil
+
+        try:
+            times = psutil.cpu_times()
+        except Exception:  # noqa: BLE001: psutil's own reading failed: unknown, said so
+            return None
+        return sum(getattr(times, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq", "steal",
+                                                          "interrupt", "dpc"))  # the last two: Windows'
     user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def _own_tree_s() -> float:
     """CPU seconds of this process and of its children that have ended (DataLoader workers,
-    launched ranks: they are waited for before a run returns)."""
-    import resource
+    launched ranks: they are waited for before a run returns). Windows has no getrusage: psutil's
+    figures there count this process only."""
+    try:
+        import resource
+    except ImportError:
+        import psutil
 
+        times = psutil.Process().cpu_times()
+        return times.user + times.system + times.children_user + times.children_system
     mine, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return mine.ru_utime + mine.ru_stime + children.ru_utime + children.ru_stime
 

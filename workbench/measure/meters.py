@@ -10,6 +10,7 @@ return 0 silently, so they are never read there.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -136,7 +137,14 @@ def mfu(tflops_per_sec: float | None, peak_flops: float | None) -> float | None:
     return tflops_per_sec * 1e12 / peak_flops
 
 
-def _proc_status_bytes(field: str) -> int | None:
+# The /proc/self/status sizes psutil also reads where there is no /proc (macOS, Windows), by
+# memory_info()'s names. VmHWM has none: see cpu_peak().
+_PSUTIL_NAMES = {"VmRSS": "rss", "VmSize": "vms", "VmData": "data"}
+
+
+def status_bytes(field: str) -> int | None:
+    """A size from /proc/self/status (Linux) in bytes; without /proc psutil's figure of the same
+    name where it has one (VmRSS, VmSize; VmData on Linux only); None otherwise."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
@@ -144,7 +152,31 @@ def _proc_status_bytes(field: str) -> int | None:
                     return int(line.split()[1]) * 1024  # reported in kB
     except OSError:
         pass
-    return None
+    if field not in _PSUTIL_NAMES:
+        return None
+    import psutil
+
+    return getattr(psutil.Process().memory_info(), _PSUTIL_NAMES[field], None)
+
+
+def cpu_peak() -> tuple[int | None, str]:
+    """This process's resident high-water mark in bytes, and what it is. Linux: VmHWM, which
+    MemoryMeter resets per phase. Without /proc the OS's peak since the process started: the peak
+    working set (psutil, Windows) or getrusage's maxrss (bytes on macOS, kB elsewhere)."""
+    hwm = status_bytes("VmHWM")
+    if hwm is not None:
+        return hwm, "process VmHWM"
+    import psutil
+
+    since_start = "process peak RSS since it started (no /proc/self/status)"
+    if (peak := getattr(psutil.Process().memory_info(), "peak_wset", None)) is not None:
+        return peak, since_start
+    try:
+        import resource
+    except ImportError:
+        return None, "process peak: not available here"
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return maxrss * (1 if sys.platform == "darwin" else 1024), since_start
 
 
 class MemoryMeter:
@@ -153,8 +185,8 @@ class MemoryMeter:
     On CUDA: allocated / reserved / peak allocated of the caching allocator
     (reading these counters does not sync the device). On CPU: process RSS (psutil)
     and VmHWM, the resident high-water mark, which `reset_peak()` resets by writing
-    '5' to /proc/self/clear_refs (Linux; elsewhere the peak is since process start
-    and `peak_is_per_phase` says so).
+    '5' to /proc/self/clear_refs (Linux; elsewhere the peak is since process start,
+    `peak_is_per_phase` and `peak_kind` say so: cpu_peak()).
     """
 
     def __init__(self, device: torch.device | str) -> None:
@@ -162,6 +194,7 @@ class MemoryMeter:
         self.on_cuda = self.device.type == "cuda"
         self.kind = "CUDA allocated" if self.on_cuda else "process RSS"
         self.peak_is_per_phase = self.on_cuda
+        self.peak_kind = "CUDA allocator peak" if self.on_cuda else cpu_peak()[1]
         self._process = None
         if not self.on_cuda:
             import psutil
@@ -188,7 +221,7 @@ class MemoryMeter:
     def peak_bytes(self) -> int | None:
         if self.on_cuda:
             return torch.cuda.max_memory_allocated(self.device)
-        return _proc_status_bytes("VmHWM")
+        return cpu_peak()[0]
 
     def reserved_bytes(self) -> int | None:
         return torch.cuda.memory_reserved(self.device) if self.on_cuda else None

@@ -183,5 +183,5 @@ class Recorder:
             peak_bytes=raw_peak if raw_peak is None or held is None else max(0, raw_peak - held),
             peak_increase_bytes=None if raw_peak is None or self.start_memory is None
             else max(0, raw_peak - self.start_memory),
-            held_before_bytes=held, peak_kind="CUDA allocator peak" if self.meter.on_cuda else "process VmHWM",
+            held_before_bytes=held, peak_kind=self.meter.peak_kind,
         )

@@ -26,11 +26,13 @@ class MemoryBreakdown(Report):
     peak_bytes: int | None
     """The peak over the training steps (evaluation, after them, is not in it). On a GPU the
     run's own: CUDA max_memory_allocated less `held_before_bytes`, what `estimate()` predicts;
-    on a CPU the process VmHWM (includes Python and libraries)."""
+    on a CPU the process VmHWM (includes Python and libraries); without /proc the process's peak
+    since it started (macOS, Windows), or None where not even that is available."""
     peak_increase_bytes: int | None
     """Peak minus the memory in use when training started."""
     peak_kind: str
-    """What the peak is: 'CUDA allocator peak' or 'process VmHWM'."""
+    """What the peak is: 'CUDA allocator peak', 'process VmHWM' or, without /proc, what
+    measure.meters.cpu_peak() read instead."""
     held_before_bytes: int | None = None
     """GPU: memory already allocated when the run began (a notebook's own tensors, what an
     earlier run left), taken out of `peak_bytes`; None on a CPU and for a monitored loop."""

@@ -28,15 +28,20 @@ Example:
 
 from __future__ import annotations
 
-import resource
 from dataclasses import dataclass
 from typing import Any
+
+try:
+    import resource
+except ImportError:  # Windows: no rlimits to hold a run against
+    resource = None  # type: ignore[assignment]
 
 from workbench.core.config import ConfigError, RunConfig
 from workbench.core.data import DATASETS
 from workbench.core.models import MODEL_SPECS
 from workbench.core.report import format_bytes
 from workbench.measure.counters import gpt_activation_bytes_formula
+from workbench.measure.meters import status_bytes
 
 __all__ = ["DoesNotFit", "Need", "check_fits", "floor_bytes", "free_bytes", "need_bytes"]
 
@@ -75,17 +80,6 @@ def _read_int(path: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def _proc_kb(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 def free_bytes() -> int | None:
     """Memory this process can still allocate (the least of the OS, cgroup and rlimit figures)."""
     import psutil
@@ -94,9 +88,9 @@ def free_bytes() -> int | None:
     limit, used = _read_int("/sys/fs/cgroup/memory.max"), _read_int("/sys/fs/cgroup/memory.current")
     if limit is not None and used is not None:
         figures.append(max(0, limit - used))
-    for which, field in ((resource.RLIMIT_AS, "VmSize"), (resource.RLIMIT_DATA, "VmData")):
+    for which, field in ((resource.RLIMIT_AS, "VmSize"), (resource.RLIMIT_DATA, "VmData")) if resource else ():
         soft, _ = resource.getrlimit(which)
-        if soft != resource.RLIM_INFINITY and (size := _proc_kb(field)) is not None:
+        if soft != resource.RLIM_INFINITY and (size := status_bytes(field)) is not None:
             figures.append(max(0, soft - size))
     return min(figures)
 

@@ -1,0 +1,7 @@
+"""First on PYTHONPATH (`make test-spawn`), this makes every Python process start its
+subprocesses with `spawn`, macOS's and Windows' default, on Linux too: the Jupyter kernels nbval
+starts, their DataLoader workers, and the children wb.launch starts (its 'auto' follows it)."""
+
+import multiprocessing
+
+multiprocessing.set_start_method("spawn", force=True)
