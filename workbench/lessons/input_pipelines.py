@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 import os
 import time
 import traceback
@@ -44,6 +45,7 @@ from workbench.core.data.files import (  # noqa: F401
     write_image_files,
 )
 from workbench.core.report import Report, figure_html
+from workbench.lessons.exercises import check
 from workbench.measure.contention import other_work  # noqa: F401
 
 
@@ -303,6 +305,22 @@ def dali_available() -> bool:
         return importlib.util.find_spec("nvidia.dali") is not None
     except (ImportError, ValueError):  # no `nvidia` namespace package at all
         return False
+
+
+CEILING_HINT = "if the wait for data vanished, only the compute part of the baseline's step would remain"
+
+
+def check_ceiling(answer: float | None, runs: Any, others: Any) -> None:
+    """The exercise's check: a predicted ceiling against the pre-loaded run's measured samples/s
+    over the 0-worker baseline's, within 50%. Runs timed one after another on a machine where
+    other work took cores (`others`, measured around the baseline) can read further apart (at load
+    average 8 here the ratio read outside 2x of 1 / (1 - waiting share) in 2 of 3 runs): then an
+    answer that differs is shown with the reason, not failed."""
+    measured = runs.ratio("samples_per_sec", "pre-loaded tensors (ceiling)")
+    if answer is None or others.quiet or math.isclose(answer, measured, rel_tol=0.5):
+        check(answer, measured, rel_tol=0.5, hint=CEILING_HINT)
+    else:
+        print(f"measured {measured:.2f}x, you predicted {answer:.2f}x; not checked: {others} (rerun on a quiet machine)")
 
 
 def _verdict(ratio: float, *, gain: float = 1.1) -> str:
