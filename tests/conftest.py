@@ -5,7 +5,9 @@ the whole session, notebooks included: the suite must pass on a busy machine too
 claims are asserted only where the measurement had a free core; see measure/contention.py).
 """
 
+import importlib.metadata
 import os
+from pathlib import Path
 
 import pytest
 
@@ -31,10 +33,40 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[_HOG_KEY] = (hog, hog.__enter__())
 
 
-def pytest_report_header(config: pytest.Config) -> str | None:
+def off_the_lock() -> list[str]:
+    """Installed packages whose version is not requirements/lock.txt's (an extra not installed is not counted)."""
+    moved = []
+    for line in (Path(__file__).resolve().parents[1] / "requirements" / "lock.txt").read_text().splitlines():
+        name, _, locked = line.partition("==")
+        if not locked or line.startswith("#") or name in ("setuptools", "wheel"):
+            continue
+        try:
+            have = importlib.metadata.version(name).split("+")[0]
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        if have != locked:
+            moved.append(f"{name} {have} (lock: {locked})")
+    return moved
+
+
+def _versions_line() -> str:
+    moved = off_the_lock()
+    if not moved:
+        return "versions: requirements/lock.txt's, which the exact byte counts and the notebooks' saved outputs were recorded under"
+    return ("versions NOT the lock's: " + ", ".join(moved) + ". Exact byte counts and the notebooks' saved outputs were "
+            "recorded under requirements/lock.txt: a difference in them may be the version's (make drift names them)")
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    lines = [_versions_line()]
     if _HOG_KEY in config.stash:
-        return f"hog: pid {config.stash[_HOG_KEY][1].pid} keeps one CPU core busy for the whole session"
-    return None
+        lines.append(f"hog: pid {config.stash[_HOG_KEY][1].pid} keeps one CPU core busy for the whole session")
+    return lines
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    if exitstatus != 0 and off_the_lock():  # say it again where the failures are read
+        terminalreporter.write_line(_versions_line())
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

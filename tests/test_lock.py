@@ -1,7 +1,6 @@
 """The lock: requirements/lock.txt is what the set-up installs, environment.yml follows it, and
 `make drift` reports what the newest releases change (scripts/lock.py, setup.sh, drift.py)."""
 
-import importlib.metadata
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +9,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import drift  # noqa: E402
+from conftest import off_the_lock  # noqa: E402
 from lock import _name, read_lock  # noqa: E402
 
 
@@ -21,17 +21,8 @@ def test_the_lock_covers_pyproject_and_environment_yml_follows_it():
 def test_the_environment_the_setup_made_is_the_locked_one():
     """make setup installs from the lock (scripts/setup.sh: pip install -c requirements/lock.txt).
     torch is left out: a torch the environment already had (conda's, Colab's) is kept on purpose,
-    and setup.sh says so."""
-    moved = []
-    for name, version in read_lock().items():
-        if name in ("torch", "setuptools", "wheel"):
-            continue
-        try:
-            have = importlib.metadata.version(name).split("+")[0]
-        except importlib.metadata.PackageNotFoundError:
-            continue  # an extra this environment did not ask for (dali)
-        if have != version:
-            moved.append(f"{name} {have} (lock: {version})")
+    and setup.sh says so (conftest's session header names it)."""
+    moved = [m for m in off_the_lock() if not m.startswith("torch ")]
     assert not moved, "installed versions that are not the lock's (run make setup, or make lock on purpose): " + ", ".join(moved)
 
 
