@@ -210,18 +210,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # Absolute before anything changes directory: each child runs from notebooks/ (child()), and
     # a relative --out then named a folder under notebooks/ that was not there.
-    args.out = args.out.resolve()
+    typed_out, args.out = args.out, args.out.resolve()
     if args.child:
         return child(args.child, args.out)
+    executed = args.out / "notebooks"
+    if executed.resolve() == (ROOT / "notebooks").resolve():  # measured: --out . --tar-only deleted them all
+        parser.error(f"--out {typed_out} would write the executed notebooks over the ones it runs, in "
+                     f"{ROOT / 'notebooks'} (and --tar-only would delete them); pass another folder such as "
+                     "--out docs/gpu-reference")
     if args.preset == "gpu" and not _cuda_available():
         print(NO_CUDA_LINE.format(out=args.out))
         return 0
-
-    executed = args.out / "notebooks"
-    if executed.resolve() == (ROOT / "notebooks").resolve():  # measured: --out . --tar-only deleted them all
-        parser.error(f"--out {args.out} would write the executed notebooks over the ones it runs, in "
-                     f"{ROOT / 'notebooks'} (and --tar-only would delete them); pass another folder such as "
-                     "--out docs/gpu-reference")
     args.out.mkdir(parents=True, exist_ok=True)
     executed.mkdir(exist_ok=True)
     env = {**os.environ, "WORKBENCH_PRESET": args.preset, "WORKBENCH_HEADLESS": "1", "HF_HUB_OFFLINE": "1",

@@ -70,7 +70,8 @@ def questions_answered(cells):
 def _by_hand_and_exercise(path):
     """The technique's own lines in a core code cell, marked `# + technique` (run under wb.monitor
     in a training notebook; 07's are wb.estimate and a plan), and exactly one predict-run-explain
-    exercise (an `**Explain` cell and a wb.check) on the core path."""
+    exercise (an `**Explain` cell and its check: wb.check, or the lesson's check_... where a timing
+    needs the free-core guard) on the core path."""
     code = course_words.core_code_cells(path)
     missing = []
     if not any(re.search(r"#\s*\+\s*\S", c) for c in code):
@@ -78,8 +79,8 @@ def _by_hand_and_exercise(path):
     exercises = course_words.words(path)["exercises"]
     if exercises != 1:
         missing.append(f"{exercises} predict-run-explain exercises on the core path (`**Explain` cells), not 1")
-    elif not any("wb.check(" in c for c in code):
-        missing.append("its exercise has no wb.check cell on the core path")
+    elif not any(re.search(r"\b(wb\.check|lesson\.check_\w+)\(", c) for c in code):
+        missing.append("its exercise has no checking cell (wb.check or lesson.check_...) on the core path")
     return "; ".join(missing) or None
 
 

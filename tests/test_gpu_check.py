@@ -2,6 +2,7 @@
 
 import json
 import pathlib
+import os
 import subprocess
 import sys
 
@@ -80,8 +81,10 @@ def test_make_gpu_check_without_a_gpu_says_so_in_one_line_and_writes_nothing():
     if torch.cuda.is_available():
         pytest.skip("a CUDA GPU is here: make gpu-check would run the whole check")
     before = _state_of("docs/gpu-reference")
+    # as typed at a shell: not a sub-make of `make test` (which would print "Entering directory")
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
     proc = subprocess.run(["make", "-o", "setup", "gpu-check", f"PY={sys.executable}"], cwd=SCRIPTS.parent,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, env=env)
     out = SCRIPTS.parent / "docs" / "gpu-reference"
     assert (proc.returncode, proc.stderr) == (0, ""), proc.stdout + proc.stderr
     # make's echo of the recipe, then the check's one line

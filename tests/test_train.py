@@ -209,6 +209,7 @@ def test_on_a_gpu_the_peak_is_the_runs_own_and_leaves_out_what_was_there_before(
 
     class Meter:  # a GPU meter as run() reads it: allocator peak 5,000; 1,200 allocated before the run
         on_cuda = True
+        peak_kind = "CUDA allocator peak"
 
         def peak_bytes(self):
             return 5_000
