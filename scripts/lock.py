@@ -65,6 +65,24 @@ def read_lock(path: Path = LOCK) -> dict[str, str]:
     return {_name(line): line.split("==")[1] for line in lines if line}
 
 
+def off_the_lock(path: Path = LOCK) -> list[str]:
+    """Installed packages whose version is not the lock's, as "name have (lock: version)" (an extra
+    not installed is not counted; setuptools and wheel are the build's, not the environment's)."""
+    import importlib.metadata
+
+    moved = []
+    for name, locked in read_lock(path).items():
+        if name in ("setuptools", "wheel"):
+            continue
+        try:
+            have = importlib.metadata.version(name).split("+")[0]
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        if have != locked:
+            moved.append(f"{name} {have} (lock: {locked})")
+    return moved
+
+
 def _direct(pyproject: dict) -> list[str]:
     project = pyproject["project"]
     extras = [r for name in EXTRAS.split(",") for r in project["optional-dependencies"][name]]

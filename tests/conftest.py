@@ -5,7 +5,7 @@ the whole session, notebooks included: the suite must pass on a busy machine too
 claims are asserted only where the measurement had a free core; see measure/contention.py).
 """
 
-import importlib.metadata
+import importlib.util
 import os
 from pathlib import Path
 
@@ -34,19 +34,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def off_the_lock() -> list[str]:
-    """Installed packages whose version is not requirements/lock.txt's (an extra not installed is not counted)."""
-    moved = []
-    for line in (Path(__file__).resolve().parents[1] / "requirements" / "lock.txt").read_text().splitlines():
-        name, _, locked = line.partition("==")
-        if not locked or line.startswith("#") or name in ("setuptools", "wheel"):
-            continue
-        try:
-            have = importlib.metadata.version(name).split("+")[0]
-        except importlib.metadata.PackageNotFoundError:
-            continue
-        if have != locked:
-            moved.append(f"{name} {have} (lock: {locked})")
-    return moved
+    """Installed packages whose version is not requirements/lock.txt's (scripts/lock.py)."""
+    spec = importlib.util.spec_from_file_location("workbench_lock_script", Path(__file__).resolve().parents[1] / "scripts" / "lock.py")
+    lock = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lock)
+    return lock.off_the_lock()
 
 
 def _versions_line() -> str:

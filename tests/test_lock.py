@@ -9,8 +9,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import drift  # noqa: E402
-from conftest import off_the_lock  # noqa: E402
-from lock import _name, read_lock  # noqa: E402
+from lock import _name, off_the_lock  # noqa: E402
 
 
 def test_the_lock_covers_pyproject_and_environment_yml_follows_it():
