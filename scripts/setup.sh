@@ -3,9 +3,10 @@
 #
 # Uses the active virtual/conda environment if there is one, else creates .venv.
 # torch comes first and on its own: with a GPU, pip's default build (CUDA); without
-# one, torch==2.13.0, so pip never resolves a newer multi-GB CUDA build on a CPU box
-# (set TORCH_SPEC / PIP_EXTRA_INDEX_URL to choose otherwise). Re-running is cheap: a
-# stamp records what was installed and nothing is done while it still matches.
+# one, the lock's torch (2.13.0: a CPU wheel where one is on disk), so pip never resolves
+# a newer multi-GB CUDA build on a CPU box (set TORCH_SPEC / PIP_EXTRA_INDEX_URL to choose
+# otherwise). Re-running is cheap: a stamp records what was installed and nothing is done while
+# it still matches.
 #
 # Every version comes from requirements/lock.txt (pip's constraints: what CI tested; `make lock`
 # moves it), unless WORKBENCH_UNLOCKED=1 (`make drift`: the newest releases). With
@@ -49,7 +50,7 @@ if [[ -z "$have_torch" ]]; then
   if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
     spec="${TORCH_SPEC:-torch>=2.4}"
   else
-    spec="${TORCH_SPEC:-torch==2.13.0}"
+    spec="${TORCH_SPEC:-torch==$locked_torch}"
   fi
   echo "installing $spec ..."
   install "$spec"

@@ -14,7 +14,7 @@ lock=requirements/lock.txt
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
   torch="${TORCH_SPEC:-torch>=2.4}"
 else
-  torch="${TORCH_SPEC:-torch==2.13.0}"
+  torch="${TORCH_SPEC:-torch==$(sed -n 's/^torch==//p' "$lock")}"
 fi
 pip() { "$py" -m pip --disable-pip-version-check -q "$@"; }
 mkdir -p "$dir"
