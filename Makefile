@@ -4,7 +4,7 @@ PY := $(if $(VIRTUAL_ENV)$(CONDA_PREFIX),python,.venv/bin/python)
 .PHONY: learn lab course-facts test test-presets test-spawn setup browser benchmark gpu-check preflight learner-copies run-all lock wheelhouse drift
 
 setup:
-	@bash scripts/setup.sh lab,test,quantization
+	@bash scripts/setup.sh lab,test,quantization,room
 
 # The versions: requirements/lock.txt (what CI tested) is what setup installs. `make lock` re-resolves
 # it (and environment.yml) at the newest releases pyproject admits; `make drift` first shows what

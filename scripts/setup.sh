@@ -13,7 +13,7 @@
 # WORKBENCH_WHEELHOUSE=DIR, pip installs from the wheels in DIR only (`make wheelhouse`), offline.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extras="${1:-lab,test,quantization}"
+extras="${1:-lab,test,quantization,room}"
 lock=requirements/lock.txt
 
 if [[ -n "${VIRTUAL_ENV:-}" || -n "${CONDA_PREFIX:-}" ]]; then

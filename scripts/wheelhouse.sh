@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir="${1:-wheelhouse}"
-extras="${WHEELHOUSE_EXTRAS:-lab,test,quantization}"
+extras="${WHEELHOUSE_EXTRAS:-lab,test,quantization,room}"
 py="${PY:-.venv/bin/python}"
 lock=requirements/lock.txt
 [[ -x "$py" ]] || py=python3
