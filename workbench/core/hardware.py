@@ -201,11 +201,18 @@ def cpu_flags() -> frozenset[str]:
     """
     flags = _proc_cpu_flags()
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
-    if cap and cap != "ALL" and "AVX512" not in cap and "AMX" not in cap:
-        flags = frozenset(f for f in flags if not f.startswith(("avx512", "amx")))
-    elif cap and cap != "ALL" and "AMX" not in cap:
-        flags = frozenset(f for f in flags if not f.startswith("amx"))
-    return flags
+    if not cap or cap == "ALL" or "AMX" in cap:
+        return flags
+    # oneDNN's levels in order: ... AVX2, AVX512_CORE, AVX512_CORE_VNNI, AVX512_CORE_BF16,
+    # AVX512_CORE_FP16, AVX512_CORE_AMX: a cap below BF16 makes bf16 emulated on an AVX512-BF16 CPU.
+    dropped: tuple[str, ...] = ("amx",)
+    if "AVX512" not in cap:
+        dropped = ("avx512", "amx")
+    elif "BF16" not in cap and "FP16" not in cap:
+        dropped = ("amx", "avx512_bf16", "avx512_fp16")
+    elif "FP16" not in cap:
+        dropped = ("amx", "avx512_fp16")
+    return frozenset(f for f in flags if not f.startswith(dropped))
 
 
 # FBGEMM (torch.ao's x86 int8 kernels) picks its own instruction set and ignores
