@@ -28,6 +28,7 @@ _EXPORTS = {
     "run": "api",
     "launch": "api",
     "monitor": "api",
+    "share": "measure.room",
     "training_parts": "api",
     "claims": "lessons.exercises",
     "last_result": "engine.ending",
