@@ -2,8 +2,9 @@
 with the machines that disagree with the room named and why; and the room's predictions.
 
 Records are what `measure.room.share` sends. An effect is measured within one learner's machine:
-two of its runs whose configs differ in one field, the first holding RunConfig's default there
-(fp32, no checkpointing, ...), give that field's effect as a throughput ratio. Across machines
+a baseline run (every technique at RunConfig's default: fp32, no accumulation, no checkpointing,
+...) and a run of the same learner that differs from it in one field give that field's effect as
+a throughput ratio. Across machines
 only such ratios are compared, never raw speeds.
 """
 
@@ -38,9 +39,17 @@ class Effect:
     fingerprint: dict[str, Any]
 
 
+def _baseline(config: dict[str, Any]) -> bool:
+    """Every technique at RunConfig's default (fields whose default is None are sizes the preset
+    resolves, such as batch_size and lr: not techniques)."""
+    return all(config[k] == default for k, default in _DEFAULTS.items()
+               if k in config and default is not None and k not in _NOT_A_TECHNIQUE)
+
+
 def _technique(base: dict[str, Any], other: dict[str, Any]) -> str | None:
+    """'field=value' where `other` is `base` with one technique switched on; None otherwise."""
     changed = [k for k in base.keys() | other.keys() if k not in _NOT_A_TECHNIQUE and base.get(k) != other.get(k)]
-    if len(changed) != 1 or changed[0] not in _DEFAULTS or base.get(changed[0]) != _DEFAULTS[changed[0]]:
+    if len(changed) != 1 or not _baseline(base):
         return None
     return f"{changed[0]}={other.get(changed[0])}"
 
