@@ -4,6 +4,7 @@ command in docs/WORKSHOP.md run as written."""
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import http.server
 import json
@@ -24,6 +25,7 @@ from workbench.core import hardware
 from workbench.core.fingerprint import cpu_level, hardware_class
 from workbench.lessons import room as lesson
 from workbench.measure import room as store
+from workbench.measure.result import LoopDescription
 from workbench.views import room as view
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -179,6 +181,19 @@ def test_a_share_lands_in_the_room_and_a_wrong_token_is_refused(room, result, ca
     assert wb.share(result, room=room.url.replace("workshop", "guess"), name="Eve") is False
     assert "the room refused it (HTTP 400): check the write_token" in _one_line(capsys)
     assert not [r for r in lesson.room_records(room.url) if r["learner"] == "Eve"]
+
+
+def test_a_comparison_or_a_monitored_loop_shares_too(room, result, capsys):
+    loop = dataclasses.replace(result, name="by hand", config=LoopDescription("mlp", "bf16", 64, 1, "none", "cpu"))
+    assert wb.share(wb.compare([result, loop]), room=room.url, name="Cy") is True
+    assert _one_line(capsys).startswith("room: shared 2 runs (Cy mlp fp32 b64, Cy by hand) (CPU ")
+    mine = {r["run"]: r for r in lesson.room_records(room.url) if r["learner"] == "Cy"}
+    assert sorted(mine) == ["by hand", "mlp fp32 b64"]
+    assert mine["by hand"]["config"] == {"model": "mlp", "precision": "bf16", "batch_size": 64, "grad_accum_steps": 1,
+                                         "activation_checkpointing": "none", "device": "cpu"}
+    url = f"http://127.0.0.1:{_closed_port()}/?write_token=workshop"
+    assert wb.share([result, loop], room=url) is False
+    assert _one_line(capsys).endswith("; your results are unchanged")
 
 
 LEARNER = """

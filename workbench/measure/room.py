@@ -16,12 +16,12 @@ import dataclasses
 import json
 import os
 import secrets
-import sys
 import uuid
 from typing import Any
 
 from workbench.core.config import RunConfig
 from workbench.core.fingerprint import fingerprint
+from workbench.core.report import Results
 from workbench.measure.result import RunResult
 
 ROOM_VARIABLE = "WORKBENCH_ROOM"
@@ -102,28 +102,44 @@ def _why(error: Exception, room: str) -> str:
     return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
 
 
-def share(what: RunResult | list[dict[str, Any]], *, name: str | None = None, room: str | None = None,
-          notebook: str | None = None) -> bool:
-    """Send a run (or prediction-ledger rows) to the room; anonymous unless `name` is given.
-
-    `room` (or $WORKBENCH_ROOM) is the teacher's trackio server with its write token,
-    'http://HOST:PORT/?write_token=TOKEN'. Returns whether the room took it. A room that is down,
-    refusing or full prints one line and returns False: the result and the notebook go on.
-    """
-    room = room or os.environ.get(ROOM_VARIABLE)
-    entry = record(what, name=name, notebook=notebook)  # a wrong argument is the caller's error: raise
-    if not room:
-        print(f"room: not shared: no room given (pass room= or set {ROOM_VARIABLE}=http://HOST:PORT/?write_token=...)")
-        return False
+def _send(room: str, entry: dict[str, Any]) -> str:
+    """Send one record as one trackio run (its config is the record; its figures are also logged
+    as metrics, for trackio's own dashboard); returns the run's name."""
     run = f"{entry['learner']} {entry.get('run', 'predictions')}"
     log = {"project": PROJECT, "run": run, "run_id": uuid.uuid4().hex, "step": 0, "config": entry,
            "metrics": {k: v for k, v in entry.get("figures", {}).items() if isinstance(v, (int, float))}}
-    try:
-        _client(room).predict(logs=[log], hf_token=None, api_name="/bulk_log")
-    except Exception as error:  # noqa: BLE001 - the room failing must never stop the learner's notebook
-        print(f"room: not shared: {_why(error, room)}; your result is unchanged", file=sys.stdout)
+    _client(room).predict(logs=[log], hf_token=None, api_name="/bulk_log")
+    return run
+
+
+def share(what: RunResult | Results | list[RunResult] | list[dict[str, Any]], *, name: str | None = None,
+          room: str | None = None, notebook: str | None = None) -> bool:
+    """Send a run, several (a list, or wb.compare's), or prediction-ledger rows to the room;
+    anonymous unless `name` is given.
+
+    `room` (or $WORKBENCH_ROOM) is the teacher's trackio server with its write token,
+    'http://HOST:PORT/?write_token=TOKEN'. Returns whether the room took everything. A room that is
+    down, refusing or full prints one line and returns False: the results and the notebook go on.
+    """
+    runs = what.items if isinstance(what, Results) else what
+    if isinstance(runs, list) and runs and all(isinstance(r, RunResult) for r in runs):
+        entries = [record(r, name=name, notebook=notebook) for r in runs]
+    else:
+        entries = [record(what, name=name, notebook=notebook)]  # a wrong argument is the caller's error: raise
+    room = room or os.environ.get(ROOM_VARIABLE)
+    if not room:
+        print(f"room: not shared: no room given (pass room= or set {ROOM_VARIABLE}=http://HOST:PORT/?write_token=...)")
         return False
-    print(f"room: shared {run!r} ({entry['fingerprint']['class']})")
+    sent = []
+    try:
+        for entry in entries:
+            sent.append(_send(room, entry))
+    except Exception as error:  # noqa: BLE001 - the room failing must never stop the learner's notebook
+        done = f" after {len(sent)} of {len(entries)}" if sent else ""
+        print(f"room: not shared{done}: {_why(error, room)}; your result{'s are' if len(entries) > 1 else ' is'} unchanged")
+        return False
+    shown = repr(sent[0]) if len(sent) == 1 else f"{len(sent)} runs ({', '.join(sent)})"
+    print(f"room: shared {shown} ({entries[0]['fingerprint']['class']})")
     return True
 
 
