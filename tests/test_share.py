@@ -132,7 +132,10 @@ def test_a_room_that_is_down_is_one_line_and_the_result_is_untouched(result, cap
 
 
 class _FullStore(http.server.BaseHTTPRequestHandler):
-    """Answers like a trackio server whose store has no room left: what a full disk is to a client."""
+    """Answers like a trackio server whose store has no room left: 507, or (what trackio 0.43's own
+    server did on a full disk, measured here) 200 while dropping the write."""
+
+    drops = False
 
     def _send(self, code: int, body: dict) -> None:
         data = json.dumps(body).encode()
@@ -149,21 +152,29 @@ class _FullStore(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        self._send(507, {"error": "database or disk is full"})
+        if not self.drops:
+            self._send(507, {"error": "database or disk is full"})
+        else:  # bulk_log 'succeeds'; the run list read back is empty
+            self._send(200, {"data": [] if self.path.endswith("get_runs_for_project") else None})
 
     def log_message(self, *args):
         pass
 
 
-def test_a_full_room_is_one_line(result, capsys):
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FullStore)
+@pytest.mark.parametrize("drops, why", [
+    (False, "the room's store is full (HTTP 507); tell the teacher"),
+    (True, "the room answered but did not store 1 of 1 records (its store may be full); tell the teacher"),
+])
+def test_a_full_room_is_one_line(result, capsys, monkeypatch, drops, why):
+    monkeypatch.setattr(store, "CONFIRM_S", 0.3)
+    handler = type("Store", (_FullStore,), {"drops": drops})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         assert wb.share(result, room=f"http://127.0.0.1:{server.server_port}/?write_token=workshop") is False
     finally:
         server.shutdown()
-    assert _one_line(capsys) == ("room: not shared: the room's store is full (HTTP 507); tell the teacher; "
-                                 "your result is unchanged")
+    assert _one_line(capsys) == f"room: not shared: {why}; your result is unchanged"
 
 
 @pytest.fixture(scope="module")

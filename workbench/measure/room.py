@@ -5,8 +5,10 @@ Why trackio's HTTP client and not accelerate's TrackioTracker: the tracker's run
 background thread that retries and buffers what fails on the learner's disk, to resend at the
 next `trackio.init` (measured with trackio 0.43: a refused write_token took 37 s and printed four
 warnings; the records were kept to be sent again). A share is one record, so it is sent once,
-synchronously, to the same endpoint (`/api/bulk_log`) that thread uses: it lands or the learner
-reads one line why, and nothing is left behind to be sent twice. Reading uses the server's
+synchronously, to the same endpoint (`/api/bulk_log`) that thread uses, then read back: trackio's
+server answered 200 when its SQLite store dropped the write (measured on a store in a 300 KB tmpfs:
+'write queue: non-retryable error (database or disk is full), dropping entry'; a 2 MB store filled
+after its first record answered HTTP 500 instead), so only a read-back says a record landed. It lands or the learner reads one line why, and nothing is left behind to be sent twice. Reading uses the server's
 `/api/get_run_configs`, what trackio's own dashboard reads.
 """
 
@@ -16,6 +18,7 @@ import dataclasses
 import json
 import os
 import secrets
+import time
 import uuid
 from typing import Any
 
@@ -27,6 +30,8 @@ from workbench.measure.result import RunResult
 ROOM_VARIABLE = "WORKBENCH_ROOM"
 PROJECT = "workbench-room"
 TIMEOUT_S = 10.0
+CONFIRM_S = 3.0
+"""How long a share waits to read its records back from the store (the server may queue a write)."""
 LEDGER_KEYS = {"notebook", "exercise", "predicted", "measured", "kind", "unit"}
 
 # One anonymous id per process, so the teacher can pair a learner's baseline with its technique
@@ -86,30 +91,55 @@ def _client(room: str):
     return RemoteClient(room, hf_token=None, httpx_kwargs={"timeout": TIMEOUT_S})
 
 
+class NotStored(RuntimeError):
+    """The server answered but its store does not hold the records (trackio's server answers 200
+    and drops a write its SQLite store refuses: 'database or disk is full', measured here)."""
+
+
 def _why(error: Exception, room: str) -> str:
     """One clause: why the room did not take the record."""
     import httpx
 
+    if isinstance(error, NotStored):
+        return f"the room answered but did not store {error} records (its store may be full); tell the teacher"
     if isinstance(error, httpx.HTTPStatusError):
         code, text = error.response.status_code, error.response.text[:200]
         if code == 507 or "full" in text.lower():
             return f"the room's store is full (HTTP {code}); tell the teacher"
         if code in (400, 401, 403):
             return f"the room refused it (HTTP {code}): check the write_token in {ROOM_VARIABLE}"
+        if code >= 500:
+            return f"the room failed (HTTP {code}: a full or broken store answers so); tell the teacher"
         return f"the room answered HTTP {code}"
     if isinstance(error, (ConnectionError, httpx.TransportError, OSError)):
         return f"the room at {room.split('?')[0]} is not answering (is the teacher's trackio server running?)"
     return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
 
 
-def _send(room: str, entry: dict[str, Any]) -> str:
-    """Send one record as one trackio run (its config is the record; its figures are also logged
-    as metrics, for trackio's own dashboard); returns the run's name."""
-    run = f"{entry['learner']} {entry.get('run', 'predictions')}"
-    log = {"project": PROJECT, "run": run, "run_id": uuid.uuid4().hex, "step": 0, "config": entry,
-           "metrics": {k: v for k, v in entry.get("figures", {}).items() if isinstance(v, (int, float))}}
-    _client(room).predict(logs=[log], hf_token=None, api_name="/bulk_log")
-    return run
+def _log(entry: dict[str, Any]) -> dict[str, Any]:
+    """One record as one trackio run: its config is the record; its figures are also logged as
+    metrics, for trackio's own dashboard."""
+    return {"project": PROJECT, "run": f"{entry['learner']} {entry.get('run', 'predictions')}",
+            "run_id": uuid.uuid4().hex, "step": 0, "config": entry,
+            "metrics": {k: v for k, v in entry.get("figures", {}).items() if isinstance(v, (int, float))}}
+
+
+def _send(room: str, logs: list[dict[str, Any]]) -> None:
+    """Send, then read back until every run is in the store; what is missing is sent once more
+    (under the same run ids: a late first copy cannot make a second record), then NotStored."""
+    client = _client(room)
+    missing = logs
+    for _ in range(2):
+        client.predict(logs=missing, hf_token=None, api_name="/bulk_log")
+        deadline = time.monotonic() + CONFIRM_S
+        while missing and time.monotonic() < deadline:
+            stored = {run.get("id") for run in client.predict(PROJECT, api_name="/get_runs_for_project") or []}
+            missing = [log for log in missing if log["run_id"] not in stored]
+            if missing:
+                time.sleep(0.2)
+        if not missing:
+            return
+    raise NotStored(f"{len(missing)} of {len(logs)}")
 
 
 def share(what: RunResult | Results | list[RunResult] | list[dict[str, Any]], *, name: str | None = None,
@@ -130,15 +160,14 @@ def share(what: RunResult | Results | list[RunResult] | list[dict[str, Any]], *,
     if not room:
         print(f"room: not shared: no room given (pass room= or set {ROOM_VARIABLE}=http://HOST:PORT/?write_token=...)")
         return False
-    sent = []
+    logs = [_log(entry) for entry in entries]
     try:
-        for entry in entries:
-            sent.append(_send(room, entry))
+        _send(room, logs)
     except Exception as error:  # noqa: BLE001 - the room failing must never stop the learner's notebook
-        done = f" after {len(sent)} of {len(entries)}" if sent else ""
-        print(f"room: not shared{done}: {_why(error, room)}; your result{'s are' if len(entries) > 1 else ' is'} unchanged")
+        print(f"room: not shared: {_why(error, room)}; your result{'s are' if len(entries) > 1 else ' is'} unchanged")
         return False
-    shown = repr(sent[0]) if len(sent) == 1 else f"{len(sent)} runs ({', '.join(sent)})"
+    names = [log["run"] for log in logs]
+    shown = repr(names[0]) if len(names) == 1 else f"{len(names)} runs ({', '.join(names)})"
     print(f"room: shared {shown} ({entries[0]['fingerprint']['class']})")
     return True
 
