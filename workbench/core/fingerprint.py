@@ -9,6 +9,7 @@ differs: threads, emulated dtypes, VNNI, memory.
 from __future__ import annotations
 
 import os
+import platform
 from typing import Any
 
 import torch
@@ -20,13 +21,17 @@ _ONEDNN_LEVELS = (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16"), ("avx512f
 _FLAGS_SHOWN = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_int8")
 
 
-def cpu_level(flags: frozenset[str]) -> str:
-    """The instruction set oneDNN's matmuls may use, from the capped flags.
+def cpu_level(flags: frozenset[str], machine: str = "x86_64") -> str:
+    """The instruction set oneDNN's matmuls may use, from the capped flags ('Arm' on an Arm CPU).
 
     Example:
         >>> cpu_level(frozenset({"avx2", "avx512f", "avx512_bf16"})), cpu_level(frozenset({"sse4_2"}))
         ('AVX512-BF16', 'below AVX2')
+        >>> cpu_level(frozenset({"asimd", "sve"}), "aarch64")
+        'Arm SVE'
     """
+    if machine.lower() in ("arm64", "aarch64"):
+        return "Arm SVE" if "sve" in flags else "Arm"
     return next((level for flag, level in _ONEDNN_LEVELS if flag in flags), "below AVX2")
 
 
@@ -49,7 +54,8 @@ def hardware_class(fp: dict[str, Any]) -> str:
     if fp["device"] == "cuda":
         return f"GPU {fp['gpu']}"
     isa, aten = fp["isa"], fp["aten"]
-    return f"CPU {isa}" if isa.split("-")[0] == aten or isa == "AMX" and aten == "AVX512" else f"CPU {isa} (ATen {aten})"
+    same = isa.startswith("Arm") or isa.split("-")[0] == aten or (isa == "AMX" and aten == "AVX512")  # AMX CPUs run ATen at AVX512
+    return f"CPU {isa}" if same else f"CPU {isa} (ATen {aten})"
 
 
 def fingerprint(device: str = "auto") -> dict[str, Any]:
@@ -67,7 +73,7 @@ def fingerprint(device: str = "auto") -> dict[str, Any]:
     fp = {
         "device": device,
         "cpu": hardware.cpu_name(),
-        "isa": cpu_level(flags),
+        "isa": cpu_level(flags, platform.machine()),
         "aten": aten_level(),
         "flags": [f for f in _FLAGS_SHOWN if f in flags],
         "caps": {k: os.environ[k] for k in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "FBGEMM_ENABLE_INSTRUCTIONS")

@@ -8,8 +8,9 @@ warnings; the records were kept to be sent again). A share is one record, so it 
 synchronously, to the same endpoint (`/api/bulk_log`) that thread uses, then read back: trackio's
 server answered 200 when its SQLite store dropped the write (measured on a store in a 300 KB tmpfs:
 'write queue: non-retryable error (database or disk is full), dropping entry'; a 2 MB store filled
-after its first record answered HTTP 500 instead), so only a read-back says a record landed. It lands or the learner reads one line why, and nothing is left behind to be sent twice. Reading uses the server's
-`/api/get_run_configs`, what trackio's own dashboard reads.
+after its first record answered HTTP 500 instead), so only a read-back says a record landed. It
+lands or the learner reads one line why, and nothing is left behind to be sent twice. Reading uses
+the server's `/api/get_run_configs`, what trackio's own dashboard reads.
 """
 
 from __future__ import annotations

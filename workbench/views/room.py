@@ -19,7 +19,8 @@ from workbench.core.config import RunConfig
 from workbench.core.report import Table
 
 # Config fields that say how a run was logged or named, not what it trained.
-_NOT_A_TECHNIQUE = {"model", "data", "seed", "log_every", "save_state_dir", "save_every", "resume_from", "eval_samples", "preset", "device"}
+_NOT_A_TECHNIQUE = {"model", "data", "seed", "log_every", "save_state_dir", "save_every", "resume_from",
+                    "eval_samples", "preset", "device"}
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.default is not dataclasses.MISSING}
 # Fingerprint fields that explain a machine's different effect, in the words a teacher reads.
 _WHY_FIELDS = {"class": "hardware", "bf16": "bf16", "fp16": "fp16", "int8_kernels": "int8 kernels",
@@ -131,10 +132,10 @@ def calibration_table(records: list[dict[str, Any]]) -> Table:
             groups[(row["notebook"], row["exercise"], row["kind"], row.get("unit") or "")].append(row)
     table = []
     for (notebook, exercise, kind, unit), rows in sorted(groups.items()):
-        numbers = [r for r in rows if isinstance(r["predicted"], (int, float)) and isinstance(r["measured"], (int, float))
-                   and r["measured"]]
-        if kind in ("ratio", "bytes") and numbers:
-            value = f"median predicted/measured {statistics.median(r['predicted'] / r['measured'] for r in numbers):.2f}"
+        ratios = [r["predicted"] / r["measured"] for r in rows
+                  if isinstance(r["predicted"], (int, float)) and isinstance(r["measured"], (int, float)) and r["measured"]]
+        if kind in ("ratio", "bytes") and ratios:
+            value = f"median predicted/measured {statistics.median(ratios):.2f}"
         else:
             value = f"{sum(r['predicted'] == r['measured'] for r in rows)}/{len(rows)} predicted right"
         table.append([notebook, exercise, kind + (f" ({unit})" if unit else ""), len(rows), value])
