@@ -4,7 +4,9 @@
 # same folder (rank 0 writes) and, restarted by torchrun (--max-restarts), resumes from the last save.
 #
 #   scripts/two_nodes.sh OUT [workbench flags...]
-#   scripts/two_nodes.sh /tmp/wb-nodes --model mlp --steps 12 --log-every 2 --save-every 4 --fail-at-step 10
+#   scripts/two_nodes.sh /tmp/wb-nodes --model mlp --data digits --steps 12 --log-every 2 --save-every 4 --fail-at-step 10
+#
+# Without a GPU the processes train on the CPU and connect over gloo; with one GPU per process, NCCL.
 #
 # OUT gets node0.log, node1.log, result.json (rank 0's figures) and saves/step_N (the checkpoints).
 # Environment: PORT (the rendezvous port, default 29400), RDZV_ID (default wb-two-nodes),
@@ -19,7 +21,6 @@ fi
 out=$1
 shift
 mkdir -p "$out"
-export ACCELERATE_USE_CPU=${ACCELERATE_USE_CPU:-1}  # CPU processes connect over gloo
 # torch 2.13's agents share one TCP store with their workers across restarts, and the restarted
 # workers read the dead ones' gloo addresses from it (measured: 'connectFullMesh failed ... Connection
 # refused' after every restart); with this each round's rank 0 starts a fresh store.

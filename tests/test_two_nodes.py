@@ -6,6 +6,8 @@ run ends: the same losses and the same final weights, bit for bit on CPU."""
 import json
 import os
 import pathlib
+import re
+import shlex
 import subprocess
 import sys
 
@@ -18,10 +20,11 @@ from workbench.core.config import ConfigError
 from workbench.engine.launch import free_port
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts" / "two_nodes.sh"
 TORCHRUN = f"{sys.executable} -m torch.distributed.run"  # the venv need not be on PATH
-FLAGS = ["--model", "mlp", "--data", "digits", "--dims", '{"hidden": [32]}', "--eval-samples", "0",
-         "--batch-size", "16", "--steps", "12", "--log-every", "2", "--save-every", "4"]
+# README's commands, as written (tests/test_readme_commands.py); only OUT goes to a test folder.
+UNBROKEN = "scripts/two_nodes.sh /tmp/wb-nodes --model mlp --data digits --steps 12 --log-every 2 --save-every 4"
+RESTART = "scripts/two_nodes.sh /tmp/wb-restart --model mlp --data digits --steps 12 --log-every 2 --save-every 4 --fail-at-step 10"
+FLAGS = shlex.split(UNBROKEN)[2:]
 TIMEOUT_S = 180  # a bound, not an expectation: ~20-30 s on 2 busy cores
 
 
@@ -29,11 +32,12 @@ def _env(**extra):
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TORCHRUN": TORCHRUN, **extra}
 
 
-def two_nodes(out, *flags):
-    """scripts/two_nodes.sh as the README shows it, on a free port; once more if another program
-    took the port between choosing and binding it."""
+def two_nodes(command, out):
+    """A README command of scripts/two_nodes.sh, writing to `out`, on a free port; once more if
+    another program took the port between choosing and binding it."""
+    script, _, *flags = shlex.split(command)
     for attempt in range(2):
-        proc = subprocess.run(["bash", str(SCRIPT), str(out), *FLAGS, *flags], capture_output=True, text=True,
+        proc = subprocess.run(["bash", script, str(out), *flags], cwd=ROOT, capture_output=True, text=True,
                               timeout=TIMEOUT_S, env=_env(PORT=str(free_port()), RDZV_ID=f"{out.name}-{attempt}"))
         logs = "".join((out / f"node{n}.log").read_text() for n in (0, 1))
         if proc.returncode == 0 or "address already in use" not in logs.lower():
@@ -55,7 +59,7 @@ def assert_same_weights(a, b):
 @pytest.fixture(scope="module")
 def unbroken(tmp_path_factory):
     out = tmp_path_factory.mktemp("unbroken")
-    result, logs = two_nodes(out)
+    result, logs = two_nodes(UNBROKEN, out)
     return out, result, logs
 
 
@@ -66,7 +70,7 @@ def test_two_nodes_train_as_one_machine_with_two_processes(unbroken, tmp_path):
     one.mkdir()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "workbench",
            *FLAGS, "--save-state-dir", str(one / "saves"), "--json", str(one / "result.json")]
-    proc = subprocess.run(cmd, env=_env(ACCELERATE_USE_CPU="1"), capture_output=True, text=True, timeout=TIMEOUT_S)
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert json.loads((one / "result.json").read_text())["losses"] == result["losses"]
     assert_same_weights(final_weights(one), final_weights(out))
@@ -74,7 +78,7 @@ def test_two_nodes_train_as_one_machine_with_two_processes(unbroken, tmp_path):
 
 def test_a_killed_rank_is_restarted_and_resumes_from_the_last_save(unbroken, tmp_path):
     out, result, _ = unbroken
-    restarted, logs = two_nodes(tmp_path / "restarted", "--fail-at-step", "10")
+    restarted, logs = two_nodes(RESTART, tmp_path / "restarted")
     assert "rank 1: killed on purpose at step 10" in logs  # the last rank, on the first attempt only
     assert logs.count("killed on purpose") == 1
     assert f"resuming from {tmp_path / 'restarted' / 'saves' / 'step_000008'}" in logs  # the save before step 10
@@ -101,3 +105,29 @@ def test_fail_at_step_outside_torchrun_is_a_one_line_error(capsys, monkeypatch):
         main(["--fail-at-step", "3"])
     assert exit_info.value.code == 2
     assert "run the command under torchrun with --max-restarts" in capsys.readouterr().err
+
+
+def _torchrun_words(path):
+    """The words after `torchrun` in a script's one torchrun command (continuation lines joined,
+    `${NAME:-default}` read as its default)."""
+    text = re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", re.sub(r"\\\n\s*", " ", path.read_text()))
+    found = [m for line in text.splitlines() if not line.lstrip().startswith("#")
+             for m in [re.search(r"torchrun\}? (.*)", line)] if m]
+    assert len(found) == 1, f"{path.name}: {len(found)} torchrun commands, not 1"
+    return shlex.split(found[0].group(1))
+
+
+def test_the_slurm_script_parses_and_runs_the_tested_torchrun_command():
+    """No Slurm here: the sbatch file is checked to parse as bash and to give torchrun and workbench
+    the same options as scripts/two_nodes.sh (the endpoint: the first node's hostname)."""
+    sbatch, tested = ROOT / "scripts" / "slurm_two_nodes.sbatch", ROOT / "scripts" / "two_nodes.sh"
+    subprocess.run(["bash", "-n", str(sbatch)], check=True)
+    slurm, local = _torchrun_words(sbatch), _torchrun_words(tested)
+    options = [w for w in local if w.startswith("-")]
+    assert [w for w in slurm if w.startswith("-")] == options
+    same = ("--nnodes", "--rdzv-backend", "--max-restarts", "--resume-from")
+    assert {o: slurm[slurm.index(o) + 1] for o in same} == {o: local[local.index(o) + 1] for o in same} == {
+        "--nnodes": "2", "--rdzv-backend": "c10d", "--max-restarts": "1", "--resume-from": "auto"}
+    assert slurm[slurm.index("--rdzv-endpoint") + 1] == "$head_node:29400"  # two_nodes.sh: 127.0.0.1:29400
+    assert "head_node=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)" in sbatch.read_text()
+    assert "#SBATCH --nodes=2" in sbatch.read_text() and "#SBATCH --ntasks-per-node=1" in sbatch.read_text()
