@@ -25,7 +25,7 @@ __all__ = ["Job", "run_nodes", "check_same_job", "free_port"]
 
 # workbench's log lines ("[mlp fp32 b64] step 4/12 ..."), the kill, the resume, the result, and
 # torchrun's (LOGLEVEL=INFO) lines on failures and restarts; the rest stays in the log files.
-WORTH_SHOWING = re.compile(r"^\[\S+ |killed on purpose|resuming from|RunResult|Worker group FAILED|"
+WORTH_SHOWING = re.compile(r"^\[(?!rank\d+\]:)\S+ |killed on purpose|resuming from|RunResult|Worker group FAILED|"
                            r"will restart worker group|restart_count=")
 _RESUMED = re.compile(r"resuming from \S*step_(\d+)")
 _KILLED = re.compile(r"killed on purpose at step (\d+)")
