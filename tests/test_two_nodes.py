@@ -22,8 +22,8 @@ from workbench.engine.launch import free_port
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TORCHRUN = f"{sys.executable} -m torch.distributed.run"  # the venv need not be on PATH
 # README's commands, as written (tests/test_readme_commands.py); only OUT goes to a test folder.
-UNBROKEN = "scripts/two_nodes.sh /tmp/wb-nodes --model mlp --data digits --steps 12 --log-every 2 --save-every 4"
-RESTART = "scripts/two_nodes.sh /tmp/wb-restart --model mlp --data digits --steps 12 --log-every 2 --save-every 4 --fail-at-step 10"
+UNBROKEN = "scripts/two_nodes.sh /tmp/wb-nodes --model mlp --data digits --batch-size 32 --steps 12 --log-every 2 --save-every 4"
+RESTART = "scripts/two_nodes.sh /tmp/wb-restart --model mlp --data digits --batch-size 32 --steps 12 --log-every 2 --save-every 4 --fail-at-step 10"
 FLAGS = shlex.split(UNBROKEN)[2:]
 TIMEOUT_S = 180  # a bound, not an expectation: ~20-30 s on 2 busy cores
 
@@ -131,3 +131,20 @@ def test_the_slurm_script_parses_and_runs_the_tested_torchrun_command():
     assert slurm[slurm.index("--rdzv-endpoint") + 1] == "$head_node:29400"  # two_nodes.sh: 127.0.0.1:29400
     assert "head_node=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)" in sbatch.read_text()
     assert "#SBATCH --nodes=2" in sbatch.read_text() and "#SBATCH --ntasks-per-node=1" in sbatch.read_text()
+
+
+@pytest.mark.xfail(strict=True, reason="known defect, measured: with 2 processes a resume from a save past the "
+                                       "first epoch is not exact (one process is); README's multi-node section")
+def test_a_two_process_resume_past_the_first_epoch_is_exact(tmp_path):
+    """digits at 2 x 128 samples a step: 5 steps an epoch. Resumed from step 5 (epoch 0) the curve was
+    exact; from step 6 or 7 (epoch 1) it differed from the resumed step on. Strict: a fix shows here."""
+    import workbench as wb
+
+    base = dict(model="mlp", data="digits", batch_size=128, eval_samples=0, log_every=1, device="cpu")
+    unbroken = wb.launch(wb.RunConfig(steps=8, **base), num_processes=2, sinks=[])
+    wb.launch(wb.RunConfig(steps=6, save_state_dir=str(tmp_path), **base), num_processes=2, sinks=[])
+    resumed = wb.launch(wb.RunConfig(steps=8, resume_from=str(tmp_path), save_state_dir=str(tmp_path), **base),
+                        num_processes=2, sinks=[])
+    assert resumed.status == unbroken.status == "ok"
+    assert json.loads((tmp_path / "step_000006" / "workbench_loop.json").read_text())["data"]["epoch"] == 1
+    assert resumed.losses == unbroken.losses
