@@ -47,6 +47,13 @@ LEDGER = {
     "torchrun --nproc_per_node 4 -m workbench --model gpt": (VARIANT, "tests/test_cli.py", "torch.distributed.run with 2 CPU processes"),
     "accelerate launch --multi_gpu --num_machines 2 --num_processes 16 --machine_rank 0 --main_process_ip 10.0.0.1 --main_process_port 29500 -m workbench --model gpt":
         (VARIANT, "tests/test_cli.py", "two 'machines' on loopback, one process each"),
+    "scripts/two_nodes.sh /tmp/wb-nodes --model mlp --data digits --batch-size 32 --steps 12 --log-every 2 --save-every 4":
+        (AS_WRITTEN, "tests/test_two_nodes.py", "scripts/two_nodes.sh /tmp/wb-nodes --model mlp --data digits --batch-size 32 --steps 12 --log-every 2 --save-every 4"),
+    "scripts/two_nodes.sh /tmp/wb-restart --model mlp --data digits --batch-size 32 --steps 12 --log-every 2 --save-every 4 --fail-at-step 10":
+        (AS_WRITTEN, "tests/test_two_nodes.py", "scripts/two_nodes.sh /tmp/wb-restart --model mlp --data digits --batch-size 32 --steps 12 --log-every 2 --save-every 4 --fail-at-step 10"),
+    "torchrun --standalone --nproc-per-node 2": (VARIANT, "tests/test_two_nodes.py", "with the two-node command's workbench flags, as the reference the two nodes equal"),
+    "OUT=/shared/runs/gpt sbatch scripts/slurm_two_nodes.sbatch --model gpt --steps 300 --save-every 50":
+        (NOT_RUN, "", "no Slurm here; tests/test_two_nodes.py checks the file parses and gives torchrun the tested options"),
     "accelerate launch --cpu": (NOT_RUN, "", "named as what not to use for 2 CPU processes"),
     "python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/whl/*.whl && export PYTHONPATH=/tmp/site:$PWD && python3 scripts/gpu_check.py --out \"$OUT/gpu\" --tar-only":
         (NOT_RUN, "", "the offline GPU recipe: runs on the GPU machine"),

@@ -11,6 +11,11 @@ Example:
     $ python -m workbench --model mlp --steps 20
     $ ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 -m workbench --model mlp
     $ torchrun --nproc_per_node 4 -m workbench --model gpt --precision bf16
+
+Elastic (scripts/two_nodes.sh): `--resume-from auto` resumes from the latest complete save in
+`--save-state-dir` when there is one, so the command torchrun restarts after a failure (its
+`--max-restarts`) continues the job from its last save; `--fail-at-step S` kills one rank on
+purpose, on torchrun's first attempt only, to show and test that restart.
 """
 
 from __future__ import annotations
@@ -86,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 metavar=metavar, help=help_text)
     parser.add_argument("--name", help="the run's name in the log")
     parser.add_argument("--json", metavar="PATH", help="rank 0 writes the result's figures here as JSON")
+    parser.add_argument("--fail-at-step", type=int, metavar="S",
+                        help="under torchrun: the last rank exits (status 1) at the first log step >= S, on the "
+                             "first attempt only (TORCHELASTIC_RESTART_COUNT=0), so --max-restarts restarts the group")
     return parser
 
 
@@ -93,7 +101,56 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     """The RunConfig the flags describe (unset flags keep the dataclass defaults)."""
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunConfig)
              if getattr(args, f.name) is not None}
+    if given.get("resume_from") == "auto":
+        given["resume_from"] = latest_save(given.get("save_state_dir"))
     return RunConfig(**given)
+
+
+def latest_save(folder: str | None) -> str | None:
+    """`--resume-from auto`: the latest complete save in the save folder (its step_N folder), else
+    None (a fresh start). Every process reads the folder before any writes to it (a
+    restarted group's old processes are gone), so all of them decide alike; across machines the
+    folder must be on a shared disk."""
+    if not folder:
+        raise ConfigError("resume_from='auto' resumes from the latest save in save_state_dir; "
+                          "pass --save-state-dir DIR with it")
+    from workbench.engine.resume import find
+
+    try:
+        return str(find(folder))
+    except ConfigError:  # no complete save there yet: start afresh
+        return None
+
+
+class _FailOnce:
+    """`--fail-at-step S`: the last rank dies at the first log step >= S, before that step's save,
+    on torchrun's first attempt only; the restarted group resumes from the save before it."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def start(self, record: Any) -> None:
+        pass
+
+    def log(self, record: Any) -> None:
+        last = int(os.environ.get("WORLD_SIZE", "1")) - 1
+        if record.step >= self.step and record.rank == last and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+            print(f"rank {record.rank}: killed on purpose at step {record.step} (--fail-at-step)", flush=True)
+            os._exit(1)  # as a crash would: no clean-up, no save
+
+    def end(self, record: Any) -> None:
+        pass
+
+
+def _fail_at_step_problem(args: argparse.Namespace) -> str | None:
+    if args.fail_at_step is None:
+        return None
+    if "TORCHELASTIC_RESTART_COUNT" not in os.environ:
+        return ("--fail-at-step kills a rank on torchrun's first attempt only; run the command under "
+                "torchrun with --max-restarts 1 (or more)")
+    if args.fail_at_step < 1:
+        return f"--fail-at-step {args.fail_at_step} must be a step >= 1"
+    return None
 
 
 class _MainProcessOnly:
@@ -137,11 +194,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(error))  # one line, exit status 2
     if args.json and (problem := _json_path_problem(args.json)):
         parser.error(problem)  # before training, so the figures are not lost after it
+    if problem := _fail_at_step_problem(args):
+        parser.error(problem)
     from workbench.engine.train import RunInterrupted, run
     from workbench.views.sinks import TextSink
 
     try:
-        result = run(config, sinks=[_MainProcessOnly(TextSink())], name=args.name)
+        if config.resume_from and int(os.environ.get("RANK", "0")) == 0:
+            print(f"resuming from {config.resume_from}", flush=True)
+        failing = [] if args.fail_at_step is None else [_FailOnce(args.fail_at_step)]
+        result = run(config, sinks=[_MainProcessOnly(TextSink()), *failing], name=args.name)
     except RunInterrupted as stopped:  # Ctrl-C: the log said so; report what was done, exit 130
         result = stopped.result
     except ConfigError as error:  # refused before step 1 (memory, checkpoints): one line, exit 2

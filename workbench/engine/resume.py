@@ -80,10 +80,14 @@ class DataPosition:
 
 
 def _shuffle_generator(loader: Any) -> torch.Generator | None:
-    """The generator that shuffles `loader` (shared by all processes: accelerate syncs it)."""
+    """The generator that shuffles `loader` (shared by all processes: accelerate syncs it). With
+    several processes the sampler sits behind accelerate's BatchSamplerShard, where `get_sampler`
+    finds none: the generator is then the loader's `synchronized_generator` (measured: without it
+    no shuffle state was saved, and a 2-process resume past the first epoch drew another order)."""
     from accelerate.data_loader import get_sampler
 
-    return getattr(get_sampler(loader), "generator", None)
+    synced = getattr(loader, "synchronized_generator", None)
+    return synced if synced is not None else getattr(get_sampler(loader), "generator", None)
 
 
 def epoch_loader(accelerator: Any, loader: Any, position: DataPosition) -> Any:
