@@ -162,7 +162,9 @@ def _show(value: Any, kind: str) -> str:
         return repr(value) if isinstance(value, str) else str(value)
     if kind == "bytes":
         return format_bytes(value)
-    return f"{value:.2f}x" if kind == "ratio" else f"{value:.3g}{UNITS.get(kind, '')}"
+    if kind == "ratio":
+        return f"{value:.2f}x" if abs(value) >= 0.1 else f"{value:.2g}x"
+    return f"{value:,.0f}" if kind == "count" and float(value).is_integer() else f"{value:.3g}{UNITS.get(kind, '')}"
 
 
 def _geomean(values: Sequence[float]) -> float:
