@@ -86,7 +86,7 @@ def test_calibration_says_what_is_over_and_under_estimated_and_by_how_much():
     assert "you under-estimate byte counts: predicted 1000 B, measured 3.9 KiB (4.0x too low; 1 prediction)" in lines
     assert "choices: 1 of 2 right" in lines
     table = calibration(rows=rows)
-    assert [r[4] for r in table.rows()][:4] == ["1.6 (over)", "2 (over)", "0.25 (under)", "1.02 (about right)"]
+    assert [r[4] for r in table.rows()][:4] == ["1.60 (over)", "2.00 (over)", "0.25 (under)", "1.02 (about right)"]
     assert "1.8x too high" in str(table) and "1.8x too high" in table._repr_html_()
 
 
