@@ -183,7 +183,7 @@ class Calibration(Report):
         table = []
         for row in self.checked:
             r = ratio(row)
-            said = f"{r:.2f} ({direction(r)})" if r >= 0.1 else f"{r:.2g} ({direction(r)})" if r is not None else ""
+            said = "" if r is None else f"{r:.2f} ({direction(r)})" if r >= 0.1 else f"{r:.2g} ({direction(r)})"
             table.append((row.get("notebook") or "?", row.get("exercise") or "?", _show(row["predicted"], row["kind"]),
                           _show(row["measured"], row["kind"]), said, row["verdict"]))
         return table
