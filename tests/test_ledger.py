@@ -110,3 +110,20 @@ def test_the_room_pools_each_learners_first_prediction_per_exercise():
     )
     with pytest.raises(ValueError, match="row 0 has no 'learner'"):
         room_calibration([row("answer_a", 1.0, 1.0)])
+
+
+def test_each_course_notebook_shows_its_own_calibration_on_the_core_path():
+    import importlib.util
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("course_words", root / "scripts" / "course_words.py")
+    course_words = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(course_words)
+    wrong = []
+    for path in sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        shown = [m for cell in course_words.core_code_cells(path) for m in re.findall(r'wb\.calibration\("([^"]*)"\)', cell)]
+        if shown != [path.stem] and (shown or path.stem[:2] <= "09"):  # 00-09 must; a later one may
+            wrong.append(f"{path.stem}: core-path calibration cells show {shown}")
+    assert not wrong, wrong
