@@ -127,3 +127,11 @@ def test_each_course_notebook_shows_its_own_calibration_on_the_core_path():
         if shown != [path.stem] and (shown or path.stem[:2] <= "09"):  # 00-09 must; a later one may
             wrong.append(f"{path.stem}: core-path calibration cells show {shown}")
     assert not wrong, wrong
+
+
+def test_a_numpy_count_stays_a_count_and_an_unknown_kind_is_refused(ledger_file):
+    import numpy as np
+
+    assert ledger.record(np.int64(8), np.int64(8), verdict="right", exercise="e")["kind"] == "count"
+    with pytest.raises(ValueError, match="kind='speed' is not a ledger kind"):
+        ledger.record(2.0, 1.0, verdict="wrong", kind="speed")

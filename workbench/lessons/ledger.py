@@ -50,7 +50,7 @@ UNITS = {"ratio": "x", "bytes": "B", "count": "", "seconds": "s", "choice": ""}
 PLURAL = {"ratio": "ratios", "bytes": "byte counts", "count": "counts", "seconds": "times"}
 ABOUT_RIGHT = 1.05  # a prediction within 5% of the measurement is neither over nor under
 SESSION = f"{os.getpid()}-{datetime.datetime.now(datetime.timezone.utc):%Y%m%dT%H%M%S}"
-_PACKAGE = str(Path(__file__).resolve().parents[1])
+_PACKAGE = str(Path(__file__).resolve().parents[1]) + os.sep
 _warned: set[str] = set()
 
 
@@ -93,6 +93,8 @@ def _plain(value: Any) -> Any:
     """A JSON-able number or string (a numpy or torch scalar becomes a float)."""
     if isinstance(value, (str, bool, int, float)) or value is None:
         return value
+    if hasattr(value, "item"):  # a numpy or torch scalar: its Python int or float
+        return value.item()
     try:
         return float(value)
     except (TypeError, ValueError):
@@ -105,26 +107,29 @@ def record(predicted: Any, measured: Any, *, verdict: str, kind: str | None = No
     written prints one warning line (once per file) and the exercise goes on."""
     if predicted is None:
         return None
+    if kind is not None and kind not in UNITS:
+        raise ValueError(f"kind={kind!r} is not a ledger kind; choose from {list(UNITS)} or leave it out")
     predicted, measured = _plain(predicted), _plain(measured)
     kind = kind or kind_of(predicted, measured)
     row = {"notebook": notebook or notebook_name(), "exercise": exercise or _exercise_name(),
            "predicted": predicted, "measured": measured, "kind": kind, "unit": UNITS.get(kind, "") if unit is None else unit,
            "verdict": verdict, "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "session": SESSION}
-    path = ledger_path()
+    path = "the ledger"
     try:
+        path = ledger_path()  # inside: Path.home() raises where no home can be found
         path.parent.mkdir(parents=True, exist_ok=True)
-        # One write of one line to a file opened for appending: two kernels appending at once
-        # interleave whole lines, never halves (POSIX O_APPEND; a line is far under PIPE_BUF).
+        # One write() of one whole line to a file opened with O_APPEND: each write lands at the
+        # file's end, so two kernels appending at once (a learner's two notebooks) add whole lines.
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, (json.dumps(row, default=str) + "\n").encode())
         finally:
             os.close(fd)
-    except OSError as error:
+    except (OSError, RuntimeError) as error:
         if str(path) not in _warned:
             _warned.add(str(path))
-            print(f"prediction ledger: could not write {path} ({error.strerror or error}); "
+            print(f"prediction ledger: could not write {path} ({getattr(error, 'strerror', None) or error}); "
                   "the exercise is unaffected (set WORKBENCH_LEDGER to a writable file)", file=sys.stderr)
     return row
 
