@@ -21,6 +21,9 @@ A row (the format `wb.share` sends to the teacher; `room_calibration` reads a li
                could not be told claims its own session's rows
     learner    added by whoever pools rows from many learners (`wb.share`); not in one's own file
 
+A learner's rows to send: `read_rows()` (the whole file) or `wb.calibration("00_tour").checked`
+(one notebook's, its name filled in); the teacher pools everyone's with `room_calibration`.
+
 Example:
     >>> rows = [{"notebook": "00_tour", "exercise": "answer_a", "predicted": 2.0, "measured": 1.2,
     ...          "kind": "ratio", "unit": "x", "verdict": "wrong", "time": ""}]
