@@ -220,7 +220,8 @@ class Calibration(Report):
         return lines or ["no predictions recorded yet: answer an exercise, then run its checking cell"]
 
     def caption(self) -> str:
-        return f"Your calibration: {self.notebook or 'every notebook'} ({len(self.checked)} predictions)"
+        n = len(self.checked)
+        return f"Your calibration: {self.notebook or 'every notebook'} ({n} prediction{'s' * (n != 1)})"
 
     def __str__(self) -> str:
         return "\n".join([super().__str__(), *self.summary()])
