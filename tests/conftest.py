@@ -7,6 +7,7 @@ claims are asserted only where the measurement had a free core; see measure/cont
 
 import importlib.util
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,9 @@ os.environ.setdefault("WORKBENCH_HEADLESS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Exercise checks append to the prediction ledger (lessons/ledger.py): the suite's, notebooks'
+# kernels included, go to a file of this session's, never the tester's ~/.workbench
+os.environ.setdefault("WORKBENCH_LEDGER", os.path.join(tempfile.mkdtemp(prefix="workbench-ledger-"), "ledger.jsonl"))
 
 _HOG_KEY = pytest.StashKey()
 

@@ -52,6 +52,8 @@ _EXPORTS = {
     "Dashboard": "views.dashboard",
     "check": "lessons.exercises",
     "agree": "lessons.exercises",
+    "calibration": "lessons.ledger",
+    "room_calibration": "lessons.ledger",
     "launch_function": "engine.launch",
     "LaunchError": "engine.launch",
     "Estimate": "planner.estimate",
@@ -92,6 +94,7 @@ if TYPE_CHECKING:
     from workbench.measure.records import RunEnd, RunStart, Sink, StepRecord
     from workbench.measure.result import MemoryBreakdown, RunResult
     from workbench.lessons.exercises import agree, check, claims
+    from workbench.lessons.ledger import calibration, room_calibration
     from workbench.planner.planning import Target, plan
     from workbench.views.compare import Comparison, compare
     from workbench.views.dashboard import Dashboard

@@ -13,16 +13,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.core.report import Report
+from workbench.lessons.ledger import record
 
 
 class WrongAnswer(AssertionError):
     """An exercise answer that does not match what this machine measured."""
 
 
-def check(answer: Any, expected: Any, *, rel_tol: float = 0.0, hint: str = "") -> None:
+def check(answer: Any, expected: Any, *, rel_tol: float = 0.0, hint: str = "", kind: str | None = None,
+          unit: str | None = None, exercise: str | None = None) -> None:
     """Compare a learner's answer with the measured/computed value.
 
-    Prints "Correct" or "Not answered yet"; raises WrongAnswer when answered wrongly.
+    Prints "Correct" or "Not answered yet"; raises WrongAnswer when answered wrongly. An answer
+    is recorded in the prediction ledger first (`kind`, `unit`, `exercise`: the row's, see
+    lessons/ledger.py; inferred when not given).
 
     Example:
         >>> check(None, 42, hint="count the bytes")
@@ -38,6 +42,7 @@ def check(answer: Any, expected: Any, *, rel_tol: float = 0.0, hint: str = "") -
         tolerance = f", within {rel_tol:.0%}" if rel_tol else ""
     else:
         ok, tolerance = answer == expected, ""
+    record(answer, expected, verdict="right" if ok else "wrong", kind=kind, unit=unit, exercise=exercise)
     if not ok:
         raise WrongAnswer(f"{answer!r} is not right; " + (hint or "look again at the cells above"))
     print(f"Correct: {answer!r} (expected {expected!r}{tolerance})")

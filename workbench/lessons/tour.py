@@ -12,6 +12,7 @@ from typing import Any
 
 from workbench.core.presets import get_preset
 from workbench.lessons.exercises import check
+from workbench.lessons.ledger import record
 from workbench.measure.contention import CoreShare, core_share
 
 __all__ = ["check_speed", "claim_rows", "core_share", "direction"]
@@ -44,6 +45,7 @@ def check_speed(answer: str | None, ratio: float, share: CoreShare, *, device: s
         check(answer, measured, hint="how big is each matmul now, and who pays the per-step Python overhead?")
     else:
         print(f"you predicted {answer!r}; not checked: {_why_not_timed(share)}")
+        record(answer, measured, verdict=f"not checked: {_why_not_timed(share)}")
 
 
 def claim_rows(baseline: Any, larger: Any, share: CoreShare) -> list[tuple[str, str, str, str]]:
