@@ -128,3 +128,30 @@ def test_refusals_name_the_field_and_the_fix():
         pipeline_stages(torch.nn.Linear(2, 2), 2, 0)
     with pytest.raises(ValueError, match="rank=2 must be a stage index from 0 to 1"):
         pipeline_stages(_gpt(), 2, 2)
+
+
+@pytest.mark.parametrize("kind", ["tensor", "sequence", "gpipe", "1f1b"])
+def test_each_process_holds_saves_and_sends_exactly_the_formulas_bytes(kind):
+    """Notebook 10's measurements (lessons.parallelism): on 2 processes, every process's weights,
+    saved activations and collective/send bytes equal the formulas, and its losses one process's."""
+    import workbench as wb
+    from workbench.lessons import parallelism as lesson
+
+    config = wb.RunConfig(model="gpt", preset="cpu-quick", device="cpu", steps=2, log_every=1, eval_samples=0)
+    reports = launch_function(lesson.train_split, config, kind, num_processes=2, device="cpu", timeout_s=120)
+    lesson.check_formulas(reports)
+    lesson.agree(reports, reports, wb.run(config, sinks=[]))
+    if kind in ("gpipe", "1f1b"):  # the bubble of 2 stages and 4 micro-batches, from the order they ran in
+        assert lesson.bubble(reports) == pytest.approx(lesson.bubble_formula(2, 4)) == pytest.approx(1 / 5)
+
+
+def test_the_bubble_is_read_off_the_order_of_actions():
+    from workbench.lessons.parallelism import RankReport, bubble
+
+    def stage(rank, order):
+        return RankReport(rank, 2, "gpipe", {}, 0, 0, 0, {}, {}, actions=[(k, mb, 0.0, 0.0) for k, mb in order])
+
+    gpipe = [stage(0, [("F", 0), ("F", 1), ("B", 0), ("B", 1)]), stage(1, [("F", 0), ("F", 1), ("B", 0), ("B", 1)])]
+    assert bubble(gpipe, forward=1, backward=2) == pytest.approx(1 / 3)  # (p-1)/(m+p-1), p=m=2
+    one_at_a_time = [stage(0, [("F", 0), ("B", 0), ("F", 1), ("B", 1)]), stage(1, [("F", 0), ("B", 0), ("F", 1), ("B", 1)])]
+    assert bubble(one_at_a_time, forward=1, backward=2) == pytest.approx(1 / 2)  # no overlap at all: half idle

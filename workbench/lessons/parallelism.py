@@ -269,3 +269,63 @@ def agree(by_hand: Sequence[RankReport], library: Sequence[RankReport], alone: A
                                      f"(more than {loss_rtol:g} apart)")
     print(f"by hand and the library agree: bytes exact on {len(by_hand)} processes; {len(curves)} loss curves "
           f"within {loss_rtol:g} of one process's (worst {worst:.1e})")
+
+
+def train_split(config: Any, kind: str, microbatches: int = 4) -> RankReport:
+    """In each launched process: `config`'s GPT split the library's way (`kind`: 'tensor',
+    'sequence', 'gpipe' or '1f1b'), trained for `config.steps`, measured; this process's report.
+    The same loop as the notebook's by-hand cells, with `tensor_parallel` / `pipeline_stages`."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    schedules = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+    if kind not in ("tensor", "sequence", *schedules):
+        raise ValueError(f"kind={kind!r}: use 'tensor', 'sequence', 'gpipe' or '1f1b'")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    cfg, model, batches = _parts(config)
+    loss_fn = lambda logits, labels: F.cross_entropy(logits.flatten(0, 1), labels.flatten())  # noqa: E731
+    if kind in schedules:
+        part = pipeline_stages(model, n, rank)
+        stage = PipelineStage(part, rank, n, torch.device("cpu"))
+        schedule = schedules[kind](stage, n_microbatches=microbatches, loss_fn=loss_fn)
+    else:
+        part = tensor_parallel(model, init_device_mesh("cpu", (n,)), sequence_parallel=kind == "sequence")
+        stage = None
+    optimizer = torch.optim.AdamW(part.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    meter = Meter(part, optimizer, kind=kind, stage=stage, microbatches=microbatches if stage else 1)
+    for _ in range(cfg.steps):
+        batch = next(batches)
+        losses: list[torch.Tensor] = []
+        with meter.step(batch):
+            if stage is None:
+                losses.append(loss_fn(part(batch["inputs"]), batch["labels"]))
+                losses[0].backward()
+            else:
+                args = (batch["inputs"],) if rank == 0 else ()
+                schedule.step(*args, **({"target": batch["labels"], "losses": losses} if rank == n - 1 else {}))
+                sync_tied_grads(part, n)
+            optimizer.step()
+            optimizer.zero_grad()
+        if losses:
+            meter.loss(torch.stack(losses).mean())
+    return meter.report(model)
+
+
+def _parts(config: Any) -> tuple[Any, nn.Module, Iterator[dict]]:
+    """What `wb.training_parts(config)` gives on the CPU (the top layer's, not importable here):
+    the resolved config, the seeded model and the reshuffled batches run() trains on."""
+    from workbench.core import custom
+    from workbench.switches import data_loading
+
+    c = config.resolved()
+    bundle = custom.load_bundle(c)
+    model = custom.load_model(c, bundle)
+    loader = data_loading.loader(bundle.train, c, bundle.collate_fn)
+
+    def batches() -> Iterator[dict]:
+        while True:
+            yield from loader
+
+    return c, model, batches()
