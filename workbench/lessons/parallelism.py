@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from workbench.core.report import format_bytes
-from workbench.measure.communication import CollectiveCounter
+from workbench.measure.communication import CollectiveCounter, wire_bytes
 from workbench.measure.counters import SavedActivationCounter, parameter_bytes
 from workbench.measure.probe import tensor_peak
 from workbench.switches.parallelize import (
@@ -42,7 +42,7 @@ from workbench.switches.parallelize import (
     tensor_parallel,
 )
 
-__all__ = ["Meter", "RankReport", "formulas", "check_formulas", "bubble", "timed_bubble", "bubble_formula", "agree", "table",
+__all__ = ["launch", "Meter", "on_the_wire", "RankReport", "formulas", "check_formulas", "bubble", "timed_bubble", "bubble_formula", "agree", "table",
            "tensor_parallel", "pipeline_stages", "sync_tied_grads", "stage_layers", "heads_side_by_side"]
 
 heads_side_by_side = group_qkv_by_process
@@ -191,6 +191,13 @@ def table(reports: Sequence[RankReport]) -> str:
     return "\n".join(lines)
 
 
+def on_the_wire(report: RankReport) -> int:
+    """Bytes this process puts on the wire per step: a ring's share of each collective
+    (`wire_bytes`: (N-1)/N of an all-gather or reduce-scatter, twice that of an all-reduce), a send whole."""
+    return round(sum(nbytes if kind == "send" else wire_bytes(kind, nbytes, report.world)
+                     for kind, nbytes in report.collective_bytes.items()))
+
+
 def _finish_times(order: Sequence[Sequence[tuple[str, int]]], forward: float, backward: float) -> list[float]:
     """Each stage's finish time when it runs its actions in `order` as soon as the one each needs
     is done: a forward needs the previous stage's forward of the same micro-batch, a backward the
@@ -329,3 +336,23 @@ def _parts(config: Any) -> tuple[Any, nn.Module, Iterator[dict]]:
             yield from loader
 
     return c, model, batches()
+
+
+def launch(fn: Any, *args: Any, num_processes: int = 2, timeout_s: float = 60.0, retries: int = 2) -> list[Any]:
+    """`wb.launch_function(fn, *args, num_processes=..., device="cpu")`, tried again when it hangs.
+
+    A forked child can inherit a lock another thread of the notebook held at the instant of the
+    fork and wait on it forever (06: glibc's resolver lock, reached from the rendezvous). Measured
+    here: 1 of 10 launches hung (a child asleep on a futex for 9 minutes, load 6 on 2 cores). A hung
+    launch is stopped after `timeout_s` and started again, at most `retries` times; a child that
+    raises is not retried."""
+    from workbench.engine.launch import LaunchError, launch_function
+
+    for attempt in range(retries + 1):
+        try:
+            return launch_function(fn, *args, num_processes=num_processes, device="cpu", timeout_s=timeout_s)
+        except LaunchError as error:
+            if not str(error).startswith("timed out") or attempt == retries:
+                raise
+            print(f"launch {attempt + 1} hung for {timeout_s:g} s: its children were stopped; launching again")
+    raise AssertionError("unreachable")
