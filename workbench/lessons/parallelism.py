@@ -182,12 +182,14 @@ def check_formulas(reports: Sequence[RankReport]) -> None:
 
 
 def table(reports: Sequence[RankReport]) -> str:
-    """One line per process: what it holds and sends per step, measured (= the formula: check_formulas)."""
+    """One line per process: what it holds and communicates per step, measured (= the formula: check_formulas);
+    a collective's bytes are those of the tensor it is called on (`on_the_wire`: what crosses the wire)."""
     lines = []
     for r in reports:
         sent = ", ".join(f"{k} {format_bytes(v)} ({r.collective_calls[k]} calls)" for k, v in sorted(r.collective_bytes.items()))
         lines.append(f"{r.kind:>8} rank {r.rank}/{r.world}: weights {format_bytes(r.parameter_bytes)}, saved activations "
-                     f"{format_bytes(r.activation_bytes)}, tensor peak {format_bytes(r.peak_bytes)}; sent {sent or 'nothing'}")
+                     f"{format_bytes(r.activation_bytes)}, tensor peak {format_bytes(r.peak_bytes)}; "
+                     f"communication {sent or 'none'}")
     return "\n".join(lines)
 
 
