@@ -340,7 +340,7 @@ def _parts(config: Any) -> tuple[Any, nn.Module, Iterator[dict]]:
     return c, model, batches()
 
 
-def launch(fn: Any, *args: Any, num_processes: int = 2, timeout_s: float = 60.0, retries: int = 2) -> list[Any]:
+def launch(fn: Any, *args: Any, num_processes: int = 2, timeout_s: float = 90.0, retries: int = 2) -> list[Any]:
     """`wb.launch_function(fn, *args, num_processes=..., device="cpu")`, tried again when it hangs.
 
     A forked child can inherit a lock another thread of the notebook held at the instant of the
