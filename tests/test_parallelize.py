@@ -155,3 +155,20 @@ def test_the_bubble_is_read_off_the_order_of_actions():
     assert bubble(gpipe, forward=1, backward=2) == pytest.approx(1 / 3)  # (p-1)/(m+p-1), p=m=2
     one_at_a_time = [stage(0, [("F", 0), ("B", 0), ("F", 1), ("B", 1)]), stage(1, [("F", 0), ("B", 0), ("F", 1), ("B", 1)])]
     assert bubble(one_at_a_time, forward=1, backward=2) == pytest.approx(1 / 2)  # no overlap at all: half idle
+
+
+def _hang_the_first_time(flag: str) -> int:
+    import os
+    import time
+
+    if not os.path.exists(flag):  # the first launch: a child that never returns (as one stuck on a lock)
+        open(flag, "w").close()
+        time.sleep(600)
+    return 1
+
+
+def test_a_hung_launch_is_started_again(tmp_path, capsys):
+    from workbench.lessons.parallelism import launch
+
+    assert launch(_hang_the_first_time, str(tmp_path / "flag"), num_processes=2, timeout_s=5) == [1, 1]
+    assert "launch 1 hung for 5 s" in capsys.readouterr().out
