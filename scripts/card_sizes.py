@@ -52,6 +52,8 @@ LARGEST_RUNS: dict[str, Callable[[Preset], RunConfig]] = {
     "07_planner": lambda p: _gpt(p, batch_size=16),  # 'baseline, no budget': fp32 at its own batch of 16
     "08_speed_without_changing_the_math": _gpt,  # the eager baseline (compile's own memory is not replayed)
     "09_train_fewer_bytes": _gpt,  # full training (LoRA and the 8-bit optimizer hold less)
+    # CPU processes and a CPU run only (device='cpu', a CPU preset's sizes; cpu-quick's on a GPU machine)
+    "10_tensor_and_pipeline_parallel": lambda p: RunConfig(model="gpt", preset="cpu-quick", device="cpu"),
     # its runs are on the CPU (--device cpu); one process's run, as it would be on a card
     "11_two_nodes_on_one_machine": lambda p: RunConfig(model="mlp", data="digits", preset="gpu",
                                                        batch_size=p.batch_size["mlp"]),

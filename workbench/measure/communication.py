@@ -10,6 +10,12 @@ buffer) while it is active:
   `CollectiveCounter.watch_ddp(ddp_model)` has routed it through Python (torch's own
   default communication hook: the same all-reduce of the same buckets).
 
+- the functional collectives DTensor runs (`_c10d_functional.all_reduce`, ...: what tensor
+  parallelism's `parallelize_module` layers call, forward and backward), seen through a
+  TorchDispatchMode beneath DTensor, as torch's own CommDebugMode sees them;
+- point-to-point sends (`isend`, what `torch.distributed.pipelining` passes between stages),
+  counted as 'send': each byte once, by the process that sends it.
+
 How many bytes cross the wire per process follows from these: a ring all-gather or
 reduce-scatter of B bytes sends (N-1)/N x B from each process, an all-reduce twice that
 (`wire_bytes`).
@@ -41,15 +47,40 @@ _WRAPPED: dict[str, tuple[str, str]] = {
 }
 
 
+# DTensor's collectives (torch.ops._c10d_functional.<name>) -> kind; the full tensor is the
+# all-gather's output, the others' input (the same convention as _WRAPPED)
+_FUNCTIONAL = {"all_reduce": "all_reduce", "all_reduce_": "all_reduce", "all_gather_into_tensor": "all_gather",
+               "reduce_scatter_tensor": "reduce_scatter", "all_to_all_single": "all_to_all"}
+
+# The optimizer's DTensor ops reach the older c10d_functional ops; the layers reach _c10d_functional
+_FUNCTIONAL_NAMESPACES = ("_c10d_functional", "c10d_functional", "_c10d_functional_autograd")
+
+
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
+
+
+def _functional_mode(counter: CollectiveCounter) -> Any:
+    """A dispatch mode that adds each functional collective to `counter`. Below DTensor (which
+    unwraps to plain tensors before it communicates), so each collective is seen once."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Functional(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            kind = _FUNCTIONAL.get(func._overloadpacket.__name__) if func.namespace in _FUNCTIONAL_NAMESPACES else None
+            if kind is not None:
+                counter.add(kind, _nbytes(out if kind == "all_gather" else args[0]))
+            return out
+
+    return Functional()
 
 
 class CollectiveCounter:
     """Count collective calls and their bytes (see the module docstring). Not re-entrant.
 
     Attributes:
-        calls: kind ('all_gather', 'reduce_scatter', 'all_reduce') -> calls made.
+        calls: kind ('all_gather', 'reduce_scatter', 'all_reduce', 'all_to_all', 'send') -> calls made.
         bytes: kind -> bytes of the full tensors those calls moved.
     """
 
@@ -79,17 +110,35 @@ class CollectiveCounter:
     def __enter__(self) -> CollectiveCounter:
         import torch.distributed as dist
 
+        import torch.distributed.distributed_c10d as c10d
+
         for name in _WRAPPED:
             if hasattr(dist, name):
                 self._saved[name] = getattr(dist, name)
                 setattr(dist, name, self._wrap(name, self._saved[name]))
+        if hasattr(dist, "isend"):
+            # Replaced in c10d too: P2POp and batch_isend_irecv check `op is isend` against c10d's own name.
+            self._saved["isend"] = send = dist.isend
+
+            @functools.wraps(send)
+            def counted_send(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+                self.add("send", _nbytes(tensor))
+                return send(tensor, *args, **kwargs)
+
+            dist.isend = c10d.isend = counted_send
+        self._mode = _functional_mode(self)
+        self._mode.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
         import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
 
+        self._mode.__exit__(*exc)
         for name, fn in self._saved.items():
             setattr(dist, name, fn)
+        if "isend" in self._saved:
+            c10d.isend = self._saved["isend"]
         self._saved.clear()
 
     @staticmethod

@@ -136,6 +136,7 @@ class SavedActivationCounter:
     storage alive). Parameters, buffers and views of them are excluded: they are model
     state, alive anyway. Pass the model(s) so their parameter and buffer storages are
     known; without one, only `nn.Parameter` objects and their direct views are excluded.
+    `exclude`: more tensors held anyway (a batch a pipeline's micro-batches are views of).
     Works on real, meta and fake tensors. The hooks return the tensor unchanged, so the
     run being measured behaves (and uses memory) exactly as without the counter.
 
@@ -161,12 +162,12 @@ class SavedActivationCounter:
         >>> saved.bytes  # doctest: +SKIP
     """
 
-    def __init__(self, model: nn.Module | Iterable[nn.Module] | None = None) -> None:
+    def __init__(self, model: nn.Module | Iterable[nn.Module] | None = None, *,
+                 exclude: Iterable[torch.Tensor] = ()) -> None:
         modules = [model] if isinstance(model, nn.Module) else list(model or ())
         self._excluded: set[int] = set()
-        for module in modules:
-            for t in (*module.parameters(), *module.buffers()):
-                self._excluded.add(_storage_key(t))
+        for t in (*(t for module in modules for t in (*module.parameters(), *module.buffers())), *exclude):
+            self._excluded.update(_storage_key(leaf) for leaf in _held(t))
         self._seen: set[int] = set()
         self.bytes = 0
         self.count = 0
@@ -181,6 +182,10 @@ class SavedActivationCounter:
             # alone keeps a counter around a whole hand-written step exact.
             return
         if isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter):
+            return
+        if is_traceable_wrapper_subclass(t):  # a DTensor (tensor parallelism): this process holds its local part
+            for leaf in _held(t):
+                self._add(leaf)
             return
         if t.layout != torch.strided:  # sparse etc. have no single storage
             key, size = id(t), t.numel() * t.element_size()
@@ -203,8 +208,9 @@ class SavedActivationCounter:
         # a later forward (the next micro-batch of an accumulation window) may get a new one at
         # the same address. Forgetting the key here counts it then. Measured before: a monitor
         # around 4 micro-batches of 2 counted 8,150,544 bytes, not 4 x 2,628,612.
-        if t.layout == torch.strided:
-            self._seen.discard(_storage_key(t))
+        for leaf in _held(t):
+            if leaf.layout == torch.strided:
+                self._seen.discard(_storage_key(leaf))
         return t
 
     def __enter__(self) -> SavedActivationCounter:

@@ -16,7 +16,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,7 @@ from torch import nn
 
 from workbench.core.config import RunConfig
 
-__all__ = ["Probe", "make_probe", "gradients", "max_relative_difference", "PeakReading", "step_peak"]
+__all__ = ["Probe", "make_probe", "gradients", "max_relative_difference", "PeakReading", "step_peak", "tensor_peak"]
 
 
 @dataclass(frozen=True)
@@ -137,13 +138,39 @@ def step_peak(step: Callable[[], Any] | Sequence[Callable[[], Any]], *,
         for call in calls:
             call()
         return PeakReading(None, "not measurable here (no MemTracker in this torch)")
-    tracker = MemTracker()
-    tracker.track_external(*track)
-    with tracker:
+    with tensor_peak(track, device) as reading:
         for call in calls:
             call()
-            # MemTracker refuses a second forward of a module it has stats for; clearing the
-            # per-module stats keeps the device-wide peak, which is what is read below.
-            tracker.reset_mod_stats()
+            reading.next_call()
+    return reading.result
+
+
+class _TensorPeak:
+    def __init__(self, tracker: Any, device: torch.device) -> None:
+        self.tracker, self.device, self.result = tracker, device, PeakReading(None, "not read yet")
+
+    def next_call(self) -> None:
+        # MemTracker refuses a second forward of a module it has stats for; clearing the
+        # per-module stats keeps the device-wide peak, which is what is read at the end.
+        self.tracker.reset_mod_stats()
+
+
+@contextlib.contextmanager
+def tensor_peak(track: Iterable[nn.Module | torch.optim.Optimizer] = (),
+                device: str | torch.device = "cpu", *, per_module: bool = True) -> Iterator[_TensorPeak]:
+    """step_peak's CPU reading as a context (`with tensor_peak([model, optimizer]) as r: ...`,
+    then `r.result`): the peak of live tensor bytes while the block runs, read by MemTracker.
+    `per_module=False`: no per-module statistics (MemTracker refuses a module's second forward
+    in one block, a pipeline's micro-batches); the device-wide peak is read all the same."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    device = torch.device(device)
+    tracker = MemTracker()
+    tracker.track_external(*track)
+    if not per_module:
+        tracker._mod_tracker.register_user_hooks = lambda *hooks: None
+    reading = _TensorPeak(tracker, device)
+    with tracker:
+        yield reading
     peak = sum(v["Total"] for d, v in tracker.get_tracker_snapshot("peak").items() if d.type == device.type)
-    return PeakReading(int(peak), "tensor peak (MemTracker)")
+    reading.result = PeakReading(int(peak), "tensor peak (MemTracker)")
