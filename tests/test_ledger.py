@@ -124,7 +124,7 @@ def test_each_course_notebook_shows_its_own_calibration_on_the_core_path():
     wrong = []
     for path in sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         shown = [m for cell in course_words.core_code_cells(path) for m in re.findall(r'wb\.calibration\("([^"]*)"\)', cell)]
-        if shown != [path.stem] and (shown or path.stem[:2] <= "09"):  # 00-09 must; a later one may
+        if shown != [path.stem]:
             wrong.append(f"{path.stem}: core-path calibration cells show {shown}")
     assert not wrong, wrong
 
