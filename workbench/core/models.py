@@ -112,8 +112,12 @@ class CausalSelfAttention(nn.Module):
         self.register_buffer("future", future.view(1, 1, seq_len, seq_len), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
+        B, T, _ = x.shape
+        # Widths read off c_attn's output, not x: under tensor parallelism (switches.parallelize)
+        # a process holds n_head / N of the heads and its c_attn gives [q, k, v] of those only.
+        qkv = self.c_attn(x)
+        C = qkv.size(-1) // 3
+        q, k, v = qkv.split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         if self.fused:  # set_attention(model, "sdpa"): one fused kernel, no s x s matrix kept
             # Saves q, k, v (views of the one qkv output), the output and the softmax's
