@@ -1,0 +1,89 @@
+"""The planner's parallel plans: predicted in one process on a fake process group, measured on
+N gloo processes. Memory per rank within 5% (here: to the byte), collective bytes exactly.
+
+The measured side runs the same two steps (`parallel.steady_step`) on real tensors in N real
+processes, wrapped by the real thing: DistributedDataParallel itself (its C++ reducer, whose
+all-reduce `watch_ddp` makes countable), FSDP2's `fully_shard` over a gloo group.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from workbench import RunConfig
+from workbench.engine.launch import launch_function
+from workbench.planner import parallel
+from workbench.planner.parallel import Cluster, plan_parallel
+
+D, L, S, V = 32, 2, 16, 256  # a small GPT: width, blocks, sequence, byte vocabulary
+GPT = RunConfig(model="gpt", dims={"n_layer": L, "n_head": 4, "d_model": D}, seq_len=S, batch_size=4, device="cpu")
+ALL = V * D + S * D + L * (12 * D * D + 13 * D) + 2 * D  # parameters (wte tied to the head)
+
+
+def _real_wrap(model, strategy, mesh):
+    if strategy == "dp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        from workbench.measure.communication import CollectiveCounter
+
+        ddp = DistributedDataParallel(model)
+        CollectiveCounter.watch_ddp(ddp)  # the reducer's all-reduce, through Python, counted
+        return ddp, []
+    return parallel.wrap(model, strategy, mesh)
+
+
+def _measured(cfg: RunConfig, strategy: str) -> parallel.RankFigures:
+    """In each gloo process: the real model, really wrapped, two real steps."""
+    import torch.distributed as dist
+    from accelerate import PartialState
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from workbench.planner.estimate import _freeze, _spec_key, input_spec, model_key
+    from workbench.planner.fakestate import build
+    from workbench.planner.fakestep import _inputs
+
+    PartialState()
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    cfg = cfg.resolved()
+    key = model_key(cfg)
+    spec = _spec_key(input_spec(cfg), key)
+    return parallel.steady_step(lambda: build(key, spec, _freeze(cfg.dims)), cfg, strategy, mesh,
+                                lambda: _inputs(spec, cfg.batch_size), wrapper=_real_wrap)
+
+
+@pytest.mark.parametrize("processes", [2, 4])
+@pytest.mark.parametrize("strategy", ["dp", "fsdp"])
+def test_each_ranks_peak_and_the_steps_collectives_are_predicted_as_gloo_processes_measure(strategy, processes):
+    measured = launch_function(_measured, GPT, strategy, num_processes=processes, device="cpu", timeout_s=300)
+    plan, = plan_parallel(GPT, Cluster(gpus=processes, memory_gib=1, link_gbps=10), strategies=(strategy,))
+    for rank, (got, predicted) in enumerate(zip(measured, plan.ranks, strict=True)):
+        assert abs(predicted.peak_bytes / got.peak_bytes - 1) <= 0.05, (rank, predicted, got)
+        assert (predicted.parameter_bytes, predicted.gradient_bytes, predicted.optimizer_state_bytes) == (
+            got.parameter_bytes, got.gradient_bytes, got.optimizer_state_bytes), rank
+        assert (predicted.collective_bytes, predicted.collective_calls) == (got.collective_bytes, got.collective_calls)
+    if strategy == "dp":  # every gradient all-reduced once per step
+        assert plan.collective_bytes == {"all_reduce": 4 * ALL}
+    else:  # each rank's gradients reduce-scattered, padded to N equal shards per parameter
+        assert sum(r.parameter_bytes for r in plan.ranks) == 4 * ALL
+
+
+def test_64_ranks_are_planned_in_one_process_with_shares_that_add_up_to_the_model():
+    dp, fsdp = plan_parallel(GPT, Cluster(gpus=64, memory_gib=1, link_gbps=100))
+    assert (dp.strategy, fsdp.strategy, len(dp.ranks), len(fsdp.ranks)) == ("dp", "fsdp", 64, 64)
+    assert sum(r.parameter_bytes for r in fsdp.ranks) == 4 * ALL and dp.ranks[0].parameter_bytes == 4 * ALL
+    assert fsdp.ranks[0].parameter_bytes > fsdp.ranks[-1].parameter_bytes  # D = 32 rows: the last ranks hold none
+    assert fsdp.peak_bytes < dp.peak_bytes and dp.collective_bytes == {"all_reduce": 4 * ALL}
+    # bandwidth only: a ring all-reduce sends 2 (N-1)/N of the buffer from each rank
+    assert dp.comm_seconds == pytest.approx(2 * 63 / 64 * 4 * ALL / (100e9 / 8))
+    assert "bandwidth only" in str(plan_parallel(GPT, Cluster(gpus=2, memory_gib=1, link_gbps=100)))
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: Cluster(gpus=0, memory_gib=80, link_gbps=100), r"Cluster\(gpus=0\) must be a whole number"),
+    (lambda: Cluster(gpus=8, memory_gib=-1, link_gbps=100), r"Cluster\(memory_gib=-1\) must be a positive"),
+    (lambda: plan_parallel(GPT, Cluster(gpus=2, memory_gib=1, link_gbps=1), strategies=("zero2",)), r"'zero2' is not known"),
+    (lambda: plan_parallel(GPT, (2, 80, 100)), r"must be a Cluster"),
+])
+def test_bad_input_is_refused_in_one_line(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
