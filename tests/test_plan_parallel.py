@@ -36,14 +36,13 @@ def _measured(cfg: RunConfig, strategy: str) -> parallel.RankFigures:
     """In each gloo process: the real model, really wrapped, two real steps."""
     import torch.distributed as dist
     from accelerate import PartialState
-    from torch.distributed.device_mesh import init_device_mesh
 
     from workbench.planner.estimate import _freeze, _spec_key, input_spec, model_key
     from workbench.planner.fakestate import build
     from workbench.planner.fakestep import _inputs
 
     PartialState()
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    mesh = parallel.make_mesh(strategy, dist.get_world_size(), tp=2)
     cfg = cfg.resolved()
     key = model_key(cfg)
     spec = _spec_key(input_spec(cfg), key)
@@ -51,8 +50,8 @@ def _measured(cfg: RunConfig, strategy: str) -> parallel.RankFigures:
                                 lambda: _inputs(spec, cfg.batch_size), wrapper=_real_wrap)
 
 
-@pytest.mark.parametrize("processes", [2, 4])
-@pytest.mark.parametrize("strategy", ["dp", "fsdp"])
+@pytest.mark.parametrize(("strategy", "processes"), [
+    ("dp", 2), ("dp", 4), ("fsdp", 2), ("fsdp", 4), ("tp", 2), ("tp", 4), ("fsdp+tp", 4)])
 def test_each_ranks_peak_and_the_steps_collectives_are_predicted_as_gloo_processes_measure(strategy, processes):
     measured = launch_function(_measured, GPT, strategy, num_processes=processes, device="cpu", timeout_s=300)
     plan, = plan_parallel(GPT, Cluster(gpus=processes, memory_gib=1, link_gbps=10), strategies=(strategy,))
@@ -63,19 +62,26 @@ def test_each_ranks_peak_and_the_steps_collectives_are_predicted_as_gloo_process
         assert (predicted.collective_bytes, predicted.collective_calls) == (got.collective_bytes, got.collective_calls)
     if strategy == "dp":  # every gradient all-reduced once per step
         assert plan.collective_bytes == {"all_reduce": 4 * ALL}
-    else:  # each rank's gradients reduce-scattered, padded to N equal shards per parameter
+    elif strategy == "fsdp":  # the shares add up to the model
         assert sum(r.parameter_bytes for r in plan.ranks) == 4 * ALL
+    else:  # TP: per block, the stream (b x s x h fp32) all-reduced twice forward, twice backward
+        assert plan.collective_bytes["all_reduce"] == L * 4 * (4 * S * D * 4)
 
 
 def test_64_ranks_are_planned_in_one_process_with_shares_that_add_up_to_the_model():
-    dp, fsdp = plan_parallel(GPT, Cluster(gpus=64, memory_gib=1, link_gbps=100))
-    assert (dp.strategy, fsdp.strategy, len(dp.ranks), len(fsdp.ranks)) == ("dp", "fsdp", 64, 64)
+    plans = plan_parallel(GPT, Cluster(gpus=64, memory_gib=1, link_gbps=100))
+    dp, fsdp, both = plans
+    assert [(p.strategy, len(p.ranks)) for p in plans] == [("dp", 64), ("fsdp", 64), ("fsdp+tp", 64)]
+    assert plans.skipped == {"tp": "n_head=4 and d_model=32 must divide by 64 tensor-parallel ranks"}
     assert sum(r.parameter_bytes for r in fsdp.ranks) == 4 * ALL and dp.ranks[0].parameter_bytes == 4 * ALL
     assert fsdp.ranks[0].parameter_bytes > fsdp.ranks[-1].parameter_bytes  # D = 32 rows: the last ranks hold none
     assert fsdp.peak_bytes < dp.peak_bytes and dp.collective_bytes == {"all_reduce": 4 * ALL}
     # bandwidth only: a ring all-reduce sends 2 (N-1)/N of the buffer from each rank
     assert dp.comm_seconds == pytest.approx(2 * 63 / 64 * 4 * ALL / (100e9 / 8))
-    assert "bandwidth only" in str(plan_parallel(GPT, Cluster(gpus=2, memory_gib=1, link_gbps=100)))
+    # FSDP x TP: TP's all-reduces over rows of 2 ranks, FSDP's gathers and scatters over columns of 32
+    c = both.collective_bytes
+    assert both.wire_bytes == pytest.approx(c["all_reduce"] * 2 * 1 / 2 + (c["all_gather"] + c["reduce_scatter"]) * 31 / 32)
+    assert "bandwidth only" in str(plans) and "tp left out" in str(plans)
 
 
 @pytest.mark.parametrize(("make", "message"), [

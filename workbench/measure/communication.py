@@ -8,7 +8,10 @@ buffer) while it is active:
   wrapping them for the duration of the block;
 - DistributedDataParallel's bucketed all-reduce, which runs in C++, once
   `CollectiveCounter.watch_ddp(ddp_model)` has routed it through Python (torch's own
-  default communication hook: the same all-reduce of the same buckets).
+  default communication hook: the same all-reduce of the same buckets);
+- the functional collectives DTensor calls (tensor parallelism's all-reduces, all-gathers
+  and reduce-scatters, forward and backward), as ops of the `_c10d_functional` namespace,
+  seen by a dispatch mode (on fake tensors too: what the planner's replay counts).
 
 How many bytes cross the wire per process follows from these: a ring all-gather or
 reduce-scatter of B bytes sends (N-1)/N x B from each process, an all-reduce twice that
@@ -40,9 +43,29 @@ _WRAPPED: dict[str, tuple[str, str]] = {
     "all_reduce": ("all_reduce", "tensor"),
 }
 
+# torch.ops._c10d_functional name -> kind (the collectives themselves)
+_FUNCTIONAL = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather",
+               "reduce_scatter_tensor": "reduce_scatter", "all_to_all_single": "all_to_all", "broadcast": "broadcast"}
+
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
+
+
+def _functional_mode(counter: CollectiveCounter) -> Any:
+    """A dispatch mode that counts DTensor's functional collectives into `counter` (the full
+    tensor: an all-gather's output, the input of the others)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Functional(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            kind = _FUNCTIONAL.get(func.__name__.split(".")[0]) if func.namespace == "_c10d_functional" else None
+            if kind:  # (not wait_tensor, nor the wrapping of a result for autograd)
+                counter.add(kind, _nbytes(out if kind == "all_gather" else args[0]))
+            return out
+
+    return Functional()
 
 
 class CollectiveCounter:
@@ -57,6 +80,7 @@ class CollectiveCounter:
         self.calls: dict[str, int] = {}
         self.bytes: dict[str, int] = {}
         self._saved: dict[str, Callable[..., Any]] = {}
+        self._mode: Any = None
 
     def add(self, kind: str, nbytes: int) -> None:
         self.calls[kind] = self.calls.get(kind, 0) + 1
@@ -83,11 +107,13 @@ class CollectiveCounter:
             if hasattr(dist, name):
                 self._saved[name] = getattr(dist, name)
                 setattr(dist, name, self._wrap(name, self._saved[name]))
+        self._mode = _functional_mode(self).__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
         import torch.distributed as dist
 
+        self._mode.__exit__(None, None, None)
         for name, fn in self._saved.items():
             setattr(dist, name, fn)
         self._saved.clear()

@@ -45,9 +45,11 @@ from workbench.measure.live import LiveTensors
 
 __all__ = ["STRATEGIES", "Cluster", "ParallelPlan", "ParallelPlans", "parallel_step", "plan_parallel", "replay"]
 
-STRATEGIES = ("dp", "fsdp")
+STRATEGIES = ("dp", "fsdp", "tp", "fsdp+tp")
 """'dp': every rank holds the whole model state and all-reduces the gradients; 'fsdp': each rank
-holds 1/N of it (FSDP2), gathering a block's parameters to run it."""
+holds 1/N of it (FSDP2), gathering a block's parameters to run it; 'tp': each rank holds 1/N of
+every block's matrices and heads (switches.parallelize.tensor_parallel), all-reducing the
+stream; 'fsdp+tp': a 2-D mesh, TP over `tp` ranks, FSDP over the N/tp rows of ranks."""
 
 DDP_BUCKET_BYTES = (1024 * 1024, 25 * 1024 * 1024)
 """DistributedDataParallel's bucket caps: the first bucket (`dist._DEFAULT_FIRST_BUCKET_BYTES`), then `bucket_cap_mb=25`."""
@@ -99,6 +101,15 @@ class ParallelPlan:
     ranks: tuple[RankFigures, ...]
     """Rank r's figures at index r."""
     cluster: Cluster
+    tp: int = 1
+    """Tensor-parallel ranks ('tp': all of them; 'fsdp+tp': a row of the mesh)."""
+
+    def ring(self, kind: str) -> int:
+        """The ranks a collective of `kind` runs over: FSDP x TP all-reduces within a row of tp
+        ranks (TP) and gathers and scatters down a column of N/tp (FSDP); else all N."""
+        if self.strategy != "fsdp+tp":
+            return self.processes
+        return self.tp if kind == "all_reduce" else self.processes // self.tp
 
     @property
     def peak_bytes(self) -> int:
@@ -113,7 +124,7 @@ class ParallelPlan:
     @property
     def wire_bytes(self) -> float:
         """Bytes one rank sends per step over a ring (see measure.communication.wire_bytes)."""
-        return sum(wire_bytes(kind, n, self.processes) for kind, n in self.collective_bytes.items())
+        return sum(wire_bytes(kind, n, self.ring(kind)) for kind, n in self.collective_bytes.items())
 
     @property
     def comm_seconds(self) -> float:
@@ -126,7 +137,12 @@ class ParallelPlan:
 
 
 class ParallelPlans(Report, tuple):
-    """Plans, one per strategy, shown as a table."""
+    """Plans, one per strategy, shown as a table; `skipped`: strategy -> why it cannot split."""
+
+    def __new__(cls, plans: list[ParallelPlan], skipped: dict[str, str] | None = None) -> ParallelPlans:
+        self = super().__new__(cls, plans)
+        self.skipped = dict(skipped or {})
+        return self
 
     header = ("strategy", "peak per rank", "params / grads / optimizer (rank 0)", "collectives per step", "comm time")
 
@@ -142,7 +158,8 @@ class ParallelPlans(Report, tuple):
 
     def caption(self) -> str:
         c = self[0].cluster if self else None
-        return f"{c.gpus} devices of {c.memory_gib:g} GiB, link {c.link_gbps:g} Gb/s" if c else ""
+        left = "; ".join(f"{k} left out: {why}" for k, why in self.skipped.items())
+        return "; ".join(x for x in (f"{c.gpus} devices of {c.memory_gib:g} GiB, link {c.link_gbps:g} Gb/s" if c else "", left) if x)
 
 
 def ddp_buckets(model: nn.Module) -> list[torch.Tensor]:
@@ -154,12 +171,29 @@ def ddp_buckets(model: nn.Module) -> list[torch.Tensor]:
     return [torch.zeros(sum(params[i].numel() for i in bucket), dtype=params[bucket[0]].dtype) for bucket in buckets]
 
 
+def make_mesh(strategy: str, processes: int, tp: int) -> Any:
+    """The device mesh `strategy` runs on: 1-D over every process, or ('dp', 'tp') for FSDP x TP."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if strategy == "fsdp+tp":
+        return init_device_mesh("cpu", (processes // tp, tp), mesh_dim_names=("dp", "tp"))
+    return init_device_mesh("cpu", (processes,))
+
+
 def wrap(model: nn.Module, strategy: str, mesh: Any) -> tuple[nn.Module, list[torch.Tensor]]:
-    """The model as `strategy` runs it on this rank, and (dp) the gradient buckets it all-reduces."""
-    if strategy == "fsdp":
-        from workbench.switches.sharding import shard_model
-        return shard_model(model, mesh=mesh), []
-    return model, ddp_buckets(model)
+    """The model as `strategy` runs it on this rank, and (dp) the gradient buckets it all-reduces.
+    FSDP x TP: the blocks split by tensor within a row of the mesh, then sharded down its columns."""
+    from workbench.switches.parallelize import tensor_parallel
+    from workbench.switches.sharding import shard_model
+
+    if strategy == "dp":
+        return model, ddp_buckets(model)
+    two_d = mesh.ndim == 2
+    if "tp" in strategy.split("+"):
+        model = tensor_parallel(model, mesh["tp"] if two_d else mesh)
+    if "fsdp" in strategy.split("+"):
+        model = shard_model(model, mesh=mesh["dp"] if two_d else mesh)
+    return model, []
 
 
 def parallel_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
@@ -198,22 +232,42 @@ def steady_step(build: Callable[[], nn.Module], cfg: RunConfig, strategy: str, m
 
 
 @contextlib.contextmanager
-def fake_world(processes: int, rank: int) -> Iterator[Any]:
-    """This process as rank `rank` of a fake world of `processes`: its device mesh."""
+def fake_world(strategy: str, processes: int, rank: int, tp: int) -> Iterator[Any]:
+    """This process as rank `rank` of a fake world of `processes`: the strategy's device mesh."""
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     if dist.is_initialized():
         raise RuntimeError("plan_parallel() replays a world of its own; call it outside a launched process")
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=processes)
     try:
-        yield init_device_mesh("cpu", (processes,))  # made outside fake mode: it reads its ranks' values
+        with _meshes_on_real_tensors():
+            yield make_mesh(strategy, processes, tp)  # made outside fake mode: it reads its ranks' values
     finally:
         dist.destroy_process_group()
 
 
-def replay(config: RunConfig, strategy: str, processes: int, rank: int = 0) -> RankFigures:
+@contextlib.contextmanager
+def _meshes_on_real_tensors() -> Iterator[None]:
+    """FSDP2 over a TP model joins the two meshes (`DeviceMesh._concatenate`), indexing a real
+    tensor of ranks, inside the replay's fake mode: there it runs with fake mode set aside."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.distributed.device_mesh import DeviceMesh
+
+    join = DeviceMesh._concatenate
+
+    def joined(meshes: list) -> Any:
+        with unset_fake_temporarily():
+            return join(meshes)
+
+    DeviceMesh._concatenate = staticmethod(joined)
+    try:
+        yield
+    finally:
+        DeviceMesh._concatenate = staticmethod(join)
+
+
+def replay(config: RunConfig, strategy: str, processes: int, rank: int = 0, tp: int = 2) -> RankFigures:
     """Rank `rank`'s figures of `strategy` over `processes`, on fake tensors in a fake world."""
     from workbench.planner.estimate import _freeze, _spec_key, input_spec, model_key
     from workbench.planner.fakemodel import fake_mode
@@ -223,15 +277,13 @@ def replay(config: RunConfig, strategy: str, processes: int, rank: int = 0) -> R
     cfg = config.resolved()
     key = model_key(cfg)
     spec = _spec_key(input_spec(cfg), key)
-    with fake_world(processes, rank) as mesh, fake_mode():
+    with fake_world(strategy, processes, rank, tp) as mesh, fake_mode():
         return steady_step(lambda: build(key, spec, _freeze(cfg.dims)), cfg, strategy, mesh,
                            lambda: _inputs(spec, cfg.batch_size))
 
 
-def _share(config: RunConfig, strategy: str, processes: int) -> list[tuple]:
-    """Each rank's share of the model as FSDP2 splits it (rows per parameter); one for dp."""
-    if strategy != "fsdp":
-        return [()] * processes
+def _rows(config: RunConfig) -> list[int]:
+    """The first dimension of every parameter: what FSDP2 splits."""
     from workbench.planner.estimate import _freeze, _spec_key, input_spec, model_key
     from workbench.planner.fakemodel import fake_mode
     from workbench.planner.fakestate import build
@@ -239,28 +291,63 @@ def _share(config: RunConfig, strategy: str, processes: int) -> list[tuple]:
     cfg = config.resolved()
     key = model_key(cfg)
     with fake_mode():
-        rows = [p.shape[0] for p in build(key, _spec_key(input_spec(cfg), key), _freeze(cfg.dims)).parameters()]
-    return [tuple(shard_rows(n, processes, r) for n in rows) for r in range(processes)]
+        return [p.shape[0] for p in build(key, _spec_key(input_spec(cfg), key), _freeze(cfg.dims)).parameters()]
 
 
-def plan_parallel(config: RunConfig, cluster: Cluster, *, strategies: tuple[str, ...] = STRATEGIES) -> ParallelPlans:
+def _shares(config: RunConfig, strategy: str, processes: int, tp: int) -> list[tuple]:
+    """A key per rank that is equal for two ranks only if they hold the same shapes (so one
+    replay serves both): the rows FSDP2 gives each parameter (under TP, of its whole or its
+    1/tp first dimension, whichever it has); TP alone splits evenly (every rank alike)."""
+    if "fsdp" not in strategy.split("+"):
+        return [()] * processes
+    rows, dp = _rows(config), processes // (tp if "tp" in strategy.split("+") else 1)
+    if dp != processes:
+        rows += [n // tp for n in rows]
+    return [tuple(shard_rows(n, dp, rank * dp // processes) for n in rows) for rank in range(processes)]
+
+
+def cannot_split(config: RunConfig, strategy: str, processes: int, tp: int) -> str | None:
+    """Why `strategy` cannot run this config on `processes` ranks, or None."""
+    cfg = config.resolved()
+    if processes < 2 and strategy != "dp":
+        return "one device: nothing to split"
+    if "tp" not in strategy.split("+"):
+        return None
+    width = processes if strategy == "tp" else tp
+    heads, d_model = cfg.dims.get("n_head"), cfg.dims.get("d_model")
+    if cfg.model != "gpt":
+        return "tensor parallel splits the built-in GPT only"
+    if heads % width or d_model % width:
+        return f"n_head={heads} and d_model={d_model} must divide by {width} tensor-parallel ranks"
+    if processes % width or processes == width != 1 and strategy == "fsdp+tp":
+        return f"{processes} ranks are not 2 or more rows of tp={width}"
+    return None
+
+
+def plan_parallel(config: RunConfig, cluster: Cluster, *, strategies: tuple[str, ...] = STRATEGIES,
+                  tp: int = 2) -> ParallelPlans:
     """Every strategy over the cluster's `gpus` ranks: each rank's figures, replayed (one replay
-    per distinct share of the model), the step's collectives and their bandwidth-only time."""
+    per distinct share of the model), the step's collectives and their bandwidth-only time.
+    `tp`: the tensor-parallel ranks of 'fsdp+tp' (FSDP across the gpus/tp rows). A strategy
+    that cannot split this model over these ranks is left out, its reason in `plans.skipped`."""
     if not isinstance(cluster, Cluster):
         raise ValueError(f"cluster={cluster!r} must be a Cluster; pass cluster=wb.Cluster(gpus=8, memory_gib=80, link_gbps=100)")
     for strategy in strategies:
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy {strategy!r} is not known; use one of {', '.join(STRATEGIES)}")
-    n = cluster.gpus
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 2:
+        raise ValueError(f"tp={tp!r} must be a whole number >= 2 (the tensor-parallel ranks of 'fsdp+tp'); pass e.g. tp=2")
     if config.resolved().sharding != "none":
         raise ValueError("plan_parallel() chooses the sharding itself; pass a config with sharding='none'")
-    plans = []
+    n, plans, skipped = cluster.gpus, [], {}
     for strategy in strategies:
-        if n < 2 and strategy != "dp":
+        if reason := cannot_split(config, strategy, n, tp):
+            skipped[strategy] = reason
             continue
-        shares, seen = _share(config, strategy, n), {}
+        shares, seen = _shares(config, strategy, n, tp), {}
         for rank, share in enumerate(shares):
             if share not in seen:
-                seen[share] = replay(config, strategy, n, rank)
-        plans.append(ParallelPlan(strategy, n, tuple(seen[s] for s in shares), cluster))
-    return ParallelPlans(plans)
+                seen[share] = replay(config, strategy, n, rank, tp)
+        width = {"tp": n, "fsdp+tp": tp}.get(strategy, 1)
+        plans.append(ParallelPlan(strategy, n, tuple(seen[s] for s in shares), cluster, width))
+    return ParallelPlans(plans, skipped)
