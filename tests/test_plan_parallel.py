@@ -17,10 +17,11 @@ from workbench.planner.parallel import Cluster, plan_parallel
 
 D, L, S, V = 32, 2, 16, 256  # a small GPT: width, blocks, sequence, byte vocabulary
 GPT = RunConfig(model="gpt", dims={"n_layer": L, "n_head": 4, "d_model": D}, seq_len=S, batch_size=4, device="cpu")
+DEEP = RunConfig(model="gpt", dims={"n_layer": 4, "n_head": 4, "d_model": D}, seq_len=S, batch_size=4, device="cpu")
 ALL = V * D + S * D + L * (12 * D * D + 13 * D) + 2 * D  # parameters (wte tied to the head)
 
 
-def _real_wrap(model, strategy, mesh):
+def _real_wrap(model, strategy, mesh, cfg):
     if strategy == "dp":
         from torch.nn.parallel import DistributedDataParallel
 
@@ -28,8 +29,8 @@ def _real_wrap(model, strategy, mesh):
 
         ddp = DistributedDataParallel(model)
         CollectiveCounter.watch_ddp(ddp)  # the reducer's all-reduce, through Python, counted
-        return ddp, []
-    return parallel.wrap(model, strategy, mesh)
+        return ddp, parallel.plain_backward(ddp)
+    return parallel.wrap(model, strategy, mesh, cfg)
 
 
 def _measured(cfg: RunConfig, strategy: str) -> parallel.RankFigures:
@@ -51,10 +52,11 @@ def _measured(cfg: RunConfig, strategy: str) -> parallel.RankFigures:
 
 
 @pytest.mark.parametrize(("strategy", "processes"), [
-    ("dp", 2), ("dp", 4), ("fsdp", 2), ("fsdp", 4), ("tp", 2), ("tp", 4), ("fsdp+tp", 4)])
+    ("dp", 2), ("dp", 4), ("fsdp", 2), ("fsdp", 4), ("tp", 2), ("tp", 4), ("pp", 2), ("fsdp+tp", 4)])
 def test_each_ranks_peak_and_the_steps_collectives_are_predicted_as_gloo_processes_measure(strategy, processes):
-    measured = launch_function(_measured, GPT, strategy, num_processes=processes, device="cpu", timeout_s=300)
-    plan, = plan_parallel(GPT, Cluster(gpus=processes, memory_gib=1, link_gbps=10), strategies=(strategy,))
+    cfg = DEEP if strategy == "pp" and processes == 4 else GPT  # a stage per block
+    measured = launch_function(_measured, cfg, strategy, num_processes=processes, device="cpu", timeout_s=300)
+    plan, = plan_parallel(cfg, Cluster(gpus=processes, memory_gib=1, link_gbps=10), strategies=(strategy,))
     for rank, (got, predicted) in enumerate(zip(measured, plan.ranks, strict=True)):
         assert abs(predicted.peak_bytes / got.peak_bytes - 1) <= 0.05, (rank, predicted, got)
         assert (predicted.parameter_bytes, predicted.gradient_bytes, predicted.optimizer_state_bytes) == (
@@ -64,6 +66,10 @@ def test_each_ranks_peak_and_the_steps_collectives_are_predicted_as_gloo_process
         assert plan.collective_bytes == {"all_reduce": 4 * ALL}
     elif strategy == "fsdp":  # the shares add up to the model
         assert sum(r.parameter_bytes for r in plan.ranks) == 4 * ALL
+    elif strategy == "pp":  # the stream (b x s x h fp32) sent on, its gradient sent back; the tied head
+        stream = 4 * S * D * 4
+        assert [r.collective_bytes["send"] for r in plan.ranks] == [stream] + [2 * stream] * (processes - 2) + [stream]
+        assert [r.collective_bytes.get("all_reduce") for r in plan.ranks] == [4 * V * D] + [None] * (processes - 2) + [4 * V * D]
     else:  # TP: per block, the stream (b x s x h fp32) all-reduced twice forward, twice backward
         assert plan.collective_bytes["all_reduce"] == L * 4 * (4 * S * D * 4)
 
@@ -72,7 +78,8 @@ def test_64_ranks_are_planned_in_one_process_with_shares_that_add_up_to_the_mode
     plans = plan_parallel(GPT, Cluster(gpus=64, memory_gib=1, link_gbps=100))
     dp, fsdp, both = plans
     assert [(p.strategy, len(p.ranks)) for p in plans] == [("dp", 64), ("fsdp", 64), ("fsdp+tp", 64)]
-    assert plans.skipped == {"tp": "n_head=4 and d_model=32 must divide by 64 tensor-parallel ranks"}
+    assert plans.skipped == {"tp": "n_head=4 and d_model=32 must divide by 64 tensor-parallel ranks",
+                             "pp": "n_layer=2 gives fewer blocks than 64 stages"}
     assert sum(r.parameter_bytes for r in fsdp.ranks) == 4 * ALL and dp.ranks[0].parameter_bytes == 4 * ALL
     assert fsdp.ranks[0].parameter_bytes > fsdp.ranks[-1].parameter_bytes  # D = 32 rows: the last ranks hold none
     assert fsdp.peak_bytes < dp.peak_bytes and dp.collective_bytes == {"all_reduce": 4 * ALL}
@@ -82,6 +89,17 @@ def test_64_ranks_are_planned_in_one_process_with_shares_that_add_up_to_the_mode
     c = both.collective_bytes
     assert both.wire_bytes == pytest.approx(c["all_reduce"] * 2 * 1 / 2 + (c["all_gather"] + c["reduce_scatter"]) * 31 / 32)
     assert "bandwidth only" in str(plans) and "tp left out" in str(plans)
+
+
+def test_a_64_stage_pipeline_is_planned_from_three_replays():
+    cfg = RunConfig(model="gpt", dims={"n_layer": 64, "n_head": 4, "d_model": D}, seq_len=S, batch_size=64, device="cpu")
+    pp, = plan_parallel(cfg, Cluster(gpus=64, memory_gib=1, link_gbps=100), strategies=("pp",))
+    block = 4 * (12 * D * D + 13 * D)
+    first, middle, last = pp.ranks[0], pp.ranks[1:-1], pp.ranks[-1]
+    assert first.parameter_bytes == 4 * (V * D + S * D) + block and last.parameter_bytes == block + 4 * (2 * D + V * D)
+    assert {r.parameter_bytes for r in middle} == {block} and len({r.peak_bytes for r in middle}) == 1
+    stream = 64 * S * D * 4  # every micro-batch's stream forward, its gradient back
+    assert [r.collective_bytes["send"] for r in (first, middle[0], last)] == [stream, 2 * stream, stream]
 
 
 @pytest.mark.parametrize(("make", "message"), [

@@ -11,7 +11,8 @@ buffer) while it is active:
   default communication hook: the same all-reduce of the same buckets);
 - the functional collectives DTensor calls (tensor parallelism's all-reduces, all-gathers
   and reduce-scatters, forward and backward), as ops of the `_c10d_functional` namespace,
-  seen by a dispatch mode (on fake tensors too: what the planner's replay counts).
+  seen by a dispatch mode (on fake tensors too: what the planner's replay counts), and the
+  point-to-point sends between pipeline stages (`c10d.send`, kind 'send').
 
 How many bytes cross the wire per process follows from these: a ring all-gather or
 reduce-scatter of B bytes sends (N-1)/N x B from each process, an all-reduce twice that
@@ -60,9 +61,12 @@ def _functional_mode(counter: CollectiveCounter) -> Any:
     class Functional(TorchDispatchMode):
         def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
             out = func(*args, **(kwargs or {}))
-            kind = _FUNCTIONAL.get(func.__name__.split(".")[0]) if func.namespace == "_c10d_functional" else None
+            name = func.__name__.split(".")[0]
+            kind = _FUNCTIONAL.get(name) if func.namespace == "_c10d_functional" else None
             if kind:  # (not wait_tensor, nor the wrapping of a result for autograd)
                 counter.add(kind, _nbytes(out if kind == "all_gather" else args[0]))
+            elif func.namespace == "c10d" and name == "send":  # point to point (a pipeline's stages)
+                counter.add("send", sum(_nbytes(t) for t in args[0]))
             return out
 
     return Functional()
@@ -140,13 +144,15 @@ class CollectiveCounter:
 def wire_bytes(kind: str, nbytes: int, processes: int) -> float:
     """Bytes each process sends for one collective over `nbytes` in a ring of `processes`:
     (N-1)/N x B for an all-gather or a reduce-scatter, 2(N-1)/N x B for an all-reduce
-    (a reduce-scatter then an all-gather).
+    (a reduce-scatter then an all-gather); a point-to-point send, its bytes.
 
     Example:
         >>> wire_bytes("all_reduce", 1000, 2)
         1000.0
     """
     share = (processes - 1) / processes * nbytes
+    if kind == "send":  # point to point: the bytes themselves
+        return float(nbytes)
     if kind == "all_reduce":
         return 2 * share
     if kind in ("all_gather", "reduce_scatter"):

@@ -45,11 +45,12 @@ from workbench.measure.live import LiveTensors
 
 __all__ = ["STRATEGIES", "Cluster", "ParallelPlan", "ParallelPlans", "parallel_step", "plan_parallel", "replay"]
 
-STRATEGIES = ("dp", "fsdp", "tp", "fsdp+tp")
+STRATEGIES = ("dp", "fsdp", "tp", "pp", "fsdp+tp")
 """'dp': every rank holds the whole model state and all-reduces the gradients; 'fsdp': each rank
 holds 1/N of it (FSDP2), gathering a block's parameters to run it; 'tp': each rank holds 1/N of
 every block's matrices and heads (switches.parallelize.tensor_parallel), all-reducing the
-stream; 'fsdp+tp': a 2-D mesh, TP over `tp` ranks, FSDP over the N/tp rows of ranks."""
+stream; 'pp': rank r runs stage r of N (switches.parallelize.pipeline_stages) under GPipe, N
+micro-batches a step, sending the stream forward and its gradient back; 'fsdp+tp': a 2-D mesh, TP over `tp` ranks, FSDP over the N/tp rows of ranks."""
 
 DDP_BUCKET_BYTES = (1024 * 1024, 25 * 1024 * 1024)
 """DistributedDataParallel's bucket caps: the first bucket (`dist._DEFAULT_FIRST_BUCKET_BYTES`), then `bucket_cap_mb=25`."""
@@ -107,6 +108,8 @@ class ParallelPlan:
     def ring(self, kind: str) -> int:
         """The ranks a collective of `kind` runs over: FSDP x TP all-reduces within a row of tp
         ranks (TP) and gathers and scatters down a column of N/tp (FSDP); else all N."""
+        if self.strategy == "pp":  # all-reduce: the tied head's gradient, first and last stage
+            return 2
         if self.strategy != "fsdp+tp":
             return self.processes
         return self.tp if kind == "all_reduce" else self.processes // self.tp
@@ -118,13 +121,15 @@ class ParallelPlan:
 
     @property
     def collective_bytes(self) -> dict[str, int]:
-        """Bytes of the full tensors each collective kind moves per step (rank 0's calls)."""
+        """Bytes of the full tensors each collective kind moves per step (rank 0's calls; a
+        pipeline's ranks differ: see `ranks`)."""
         return self.ranks[0].collective_bytes
 
     @property
     def wire_bytes(self) -> float:
-        """Bytes one rank sends per step over a ring (see measure.communication.wire_bytes)."""
-        return sum(wire_bytes(kind, n, self.ring(kind)) for kind, n in self.collective_bytes.items())
+        """Bytes the busiest rank sends per step, collectives over a ring (measure.communication.wire_bytes)."""
+        return max(sum(wire_bytes(kind, n, self.ring(kind)) for kind, n in r.collective_bytes.items())
+                   for r in self.ranks)
 
     @property
     def comm_seconds(self) -> float:
@@ -180,54 +185,109 @@ def make_mesh(strategy: str, processes: int, tp: int) -> Any:
     return init_device_mesh("cpu", (processes,))
 
 
-def wrap(model: nn.Module, strategy: str, mesh: Any) -> tuple[nn.Module, list[torch.Tensor]]:
-    """The model as `strategy` runs it on this rank, and (dp) the gradient buckets it all-reduces.
-    FSDP x TP: the blocks split by tensor within a row of the mesh, then sharded down its columns."""
+def plain_backward(model: nn.Module, buckets: list[torch.Tensor] = ()) -> Callable[[dict], None]:
+    """Forward, loss and backward of a whole batch; then each of `buckets` all-reduced, as DDP's
+    reducer does with the gradients it copied in (dp)."""
+    import torch.distributed as dist
+
+    from workbench.core.models import loss_fn
+
+    def backward(batch: dict[str, torch.Tensor]) -> None:
+        loss_fn(model(batch["inputs"]), batch["labels"]).backward()
+        for bucket in buckets:
+            dist.all_reduce(bucket)
+
+    return backward
+
+
+def pipeline(model: nn.Module, mesh: Any, cfg: RunConfig) -> tuple[nn.Module, Callable[[dict], None]]:
+    """This rank's pipeline stage (switches.parallelize.pipeline_stages) under GPipe with as many
+    micro-batches as stages; its shapes given up front (no metadata exchanged)."""
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    from workbench.core.models import loss_fn
+    from workbench.switches.parallelize import pipeline_stages, sync_tied_grads
+
+    stages, rank = mesh.size(), dist.get_rank()
+    stage = pipeline_stages(model, stages, rank)
+    micro, width = cfg.batch_size // stages, model.wte.embedding_dim
+    stream = torch.empty(micro, cfg.seq_len, width, requires_grad=True)  # its gradient flows back
+    inputs = torch.zeros(micro, cfg.seq_len, dtype=torch.long) if stage.first else stream
+    outputs = torch.empty(micro, cfg.seq_len, model.lm_head.out_features) if stage.last else stream
+    schedule = ScheduleGPipe(PipelineStage(stage, rank, stages, torch.device("cpu"), input_args=inputs,
+                                           output_args=outputs), stages, loss_fn=loss_fn)
+    if dist.get_backend() == "fake":
+        _vote_alone(schedule)
+
+    def backward(batch: dict[str, torch.Tensor]) -> None:
+        args = (batch["inputs"],) if stage.first else ()
+        schedule.step(*args, target=batch["labels"] if stage.last else None)
+        sync_tied_grads(stage, stages)
+
+    return stage, backward
+
+
+def _vote_alone(schedule: Any) -> None:
+    """The schedule's first step has the stages vote, over the wire, whether their shapes are known
+    up front, and reads the result's value: a fake peer sends nothing. Every stage here has
+    the same kind of shapes (given, plain tensors), so its own vote is everyone's."""
+    from torch.distributed.pipelining._utils import InferenceMode
+
+    def vote(stages: list, has_backward: bool, p2p_done: bool) -> None:
+        for stage in stages:
+            dynamic = InferenceMode.needs_dynamic(stage._user_meta, has_backward)
+            stage._inference_mode = InferenceMode.DYNAMIC if dynamic else InferenceMode.STATIC
+
+    schedule._warmup_p2p = vote
+
+
+def wrap(model: nn.Module, strategy: str, mesh: Any, cfg: RunConfig) -> tuple[nn.Module, Callable[[dict], None]]:
+    """The model as `strategy` runs it on this rank (what the optimizer holds), and its step's
+    forward and backward. FSDP x TP: blocks split by tensor along a row of the mesh, then
+    sharded down its columns."""
     from workbench.switches.parallelize import tensor_parallel
     from workbench.switches.sharding import shard_model
 
     if strategy == "dp":
-        return model, ddp_buckets(model)
+        return model, plain_backward(model, ddp_buckets(model))
+    if strategy == "pp":
+        return pipeline(model, mesh, cfg)
     two_d = mesh.ndim == 2
     if "tp" in strategy.split("+"):
         model = tensor_parallel(model, mesh["tp"] if two_d else mesh)
     if "fsdp" in strategy.split("+"):
         model = shard_model(model, mesh=mesh["dp"] if two_d else mesh)
-    return model, []
+    return model, plain_backward(model)
 
 
 def parallel_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
-                  buckets: list[torch.Tensor] = ()) -> tuple[int, int]:
-    """One training step (forward, loss, backward, all-reduce of `buckets`, optimizer step,
-    gradients set to None); (gradient bytes, optimizer-state bytes) as they stood at the step."""
-    import torch.distributed as dist
-
-    from workbench.core.models import loss_fn
-
-    loss = loss_fn(model(batch["inputs"]), batch["labels"])
-    loss.backward()
-    del loss
-    for bucket in buckets:  # what DDP's reducer does with the gradients it copied in
-        dist.all_reduce(bucket)
+                  backward: Callable[[dict], None]) -> tuple[int, int]:
+    """One training step (`backward`, the optimizer step, gradients set to None); (gradient
+    bytes, optimizer-state bytes) as they stood at the optimizer step."""
+    backward(batch)
     grads = gradient_bytes(model)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return grads, optimizer_state_bytes(optimizer)
 
 
+Wrapper = Callable[[nn.Module, str, Any, RunConfig], tuple[nn.Module, Callable[[dict], None]]]
+
+
 def steady_step(build: Callable[[], nn.Module], cfg: RunConfig, strategy: str, mesh: Any, batch: Callable[[], dict],
-                wrapper: Callable[[nn.Module, str, Any], tuple[nn.Module, list]] = wrap) -> RankFigures:
+                wrapper: Wrapper = wrap) -> RankFigures:
     """Build, wrap and train two steps under the counters; the second step's figures. The
     measured runs (real tensors, a gloo group) call this too, with DDP itself as `wrapper`."""
     from workbench.core.optim import make_optimizer
 
     with LiveTensors() as live:
-        model, buckets = wrapper(build(), strategy, mesh)
+        model, backward = wrapper(build(), strategy, mesh, cfg)
         optimizer = make_optimizer(model, cfg)
-        parallel_step(model, optimizer, batch(), buckets)
+        parallel_step(model, optimizer, batch(), backward)
         live.reset_peak()
         with CollectiveCounter() as comm:
-            grads, state = parallel_step(model, optimizer, batch(), buckets)
+            grads, state = parallel_step(model, optimizer, batch(), backward)
         return RankFigures(live.peak_bytes, parameter_bytes(model), grads, state, dict(comm.bytes), dict(comm.calls))
 
 
@@ -244,6 +304,9 @@ def fake_world(strategy: str, processes: int, rank: int, tp: int) -> Iterator[An
         with _meshes_on_real_tensors():
             yield make_mesh(strategy, processes, tp)  # made outside fake mode: it reads its ranks' values
     finally:
+        from workbench.switches import parallelize
+
+        parallelize._TIED_GROUPS.clear()  # its cached head-and-embedding group died with this world
         dist.destroy_process_group()
 
 
@@ -298,6 +361,11 @@ def _shares(config: RunConfig, strategy: str, processes: int, tp: int) -> list[t
     """A key per rank that is equal for two ranks only if they hold the same shapes (so one
     replay serves both): the rows FSDP2 gives each parameter (under TP, of its whole or its
     1/tp first dimension, whichever it has); TP alone splits evenly (every rank alike)."""
+    if strategy == "pp":  # the first and last stages differ; middle ones by their blocks
+        from workbench.switches.parallelize import stage_layers
+
+        layers = stage_layers(config.resolved().dims["n_layer"], processes)
+        return [(r == 0, r == processes - 1, len(layers[r])) for r in range(processes)]
     if "fsdp" not in strategy.split("+"):
         return [()] * processes
     rows, dp = _rows(config), processes // (tp if "tp" in strategy.split("+") else 1)
@@ -311,6 +379,8 @@ def cannot_split(config: RunConfig, strategy: str, processes: int, tp: int) -> s
     cfg = config.resolved()
     if processes < 2 and strategy != "dp":
         return "one device: nothing to split"
+    if strategy == "pp":
+        return _cannot_pipeline(cfg, processes)
     if "tp" not in strategy.split("+"):
         return None
     width = processes if strategy == "tp" else tp
@@ -321,6 +391,18 @@ def cannot_split(config: RunConfig, strategy: str, processes: int, tp: int) -> s
         return f"n_head={heads} and d_model={d_model} must divide by {width} tensor-parallel ranks"
     if processes % width or processes == width != 1 and strategy == "fsdp+tp":
         return f"{processes} ranks are not 2 or more rows of tp={width}"
+    return None
+
+
+def _cannot_pipeline(cfg: RunConfig, processes: int) -> str | None:
+    if cfg.model != "gpt":
+        return "pipeline stages split the built-in GPT only"
+    if cfg.dims["n_layer"] < processes:
+        return f"n_layer={cfg.dims['n_layer']} gives fewer blocks than {processes} stages"
+    if cfg.batch_size % processes:
+        return f"batch_size={cfg.batch_size} does not split into {processes} micro-batches"
+    if cfg.dims.get("dropout", 0):
+        return "dropout must be 0 for a pipeline"
     return None
 
 
