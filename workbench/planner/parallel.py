@@ -1,14 +1,17 @@
 """Parallel plans: each rank's memory and each step's communication, replayed in one process.
 
-`plan_parallel(config, cluster)` predicts, for data parallel ('dp': DistributedDataParallel)
-and fully sharded ('fsdp': FSDP2's `fully_shard`, ZeRO stage 3) over a cluster's N devices:
-each rank's peak bytes, its parameter, gradient and optimizer-state bytes, and the bytes of
-every collective one optimizer step calls, by kind. No peer is started: torch's fake process
-group (`torch.testing._internal.distributed.fake_pg`, backend "fake") lets this process be
-rank r of a world of N, where every collective returns at once without moving data, while
-the model lives on the estimator's fake tensors (shapes, no storage). The real wrapper then
-runs as it would on rank r: FSDP2 shards, all-gathers and reduce-scatters; the counters the
-real runs use (`measure.live.LiveTensors`, `measure.communication.CollectiveCounter`) read it.
+`plan_parallel(config, cluster)` predicts, for each way of splitting a step over a cluster's N
+devices (`STRATEGIES`: data parallel, FSDP, tensor parallel, pipeline stages, FSDP x TP on a
+2-D mesh), each rank's peak bytes, its parameter, gradient and optimizer-state bytes, and the
+bytes of every collective (and point-to-point send) one optimizer step calls, by kind. No peer
+is started: torch's fake process group (`torch.testing._internal.distributed.fake_pg`, backend
+"fake") lets this process be rank r of a world of N, where every collective returns at once
+without moving data, while the model lives on the estimator's fake tensors (shapes, no
+storage). The real wrappers then run as they would on rank r (FSDP2 shards and gathers,
+DTensor's TP all-reduces, a pipeline stage sends and receives); the counters the real runs
+use (`measure.live.LiveTensors`, `measure.communication.CollectiveCounter`) read them.
+TP and PP use `switches.parallelize` (the GPT split by tensor and by stage), the same code
+a launched run calls.
 
 DDP itself cannot be built on fake tensors (its C++ reducer reads their data), so 'dp' is
 replayed with what DDP does: the gradients laid out in buckets of torch's sizes (1 MiB first,
@@ -17,8 +20,8 @@ along, each all-reduced once per step.
 
 The step replayed is `parallel_step`: forward, loss, backward, the optimizer step, gradients
 set to None; the second of two steps is read (the optimizer state exists). Rank r's figures
-depend on r only through the rows FSDP2 gives it, so one replay per distinct share is made: 64
-ranks cost a few replays. The communication time is a bandwidth-only estimate: the bytes a ring
+depend on r only through its share (the rows FSDP2 gives it; its pipeline stage), so one
+replay per distinct share is made: 64 ranks cost a few replays. The communication time is a bandwidth-only estimate: the bytes a ring
 sends per rank (`measure.communication.wire_bytes`) over the link's bandwidth; no latency, no
 overlap with compute.
 
@@ -50,7 +53,8 @@ STRATEGIES = ("dp", "fsdp", "tp", "pp", "fsdp+tp")
 holds 1/N of it (FSDP2), gathering a block's parameters to run it; 'tp': each rank holds 1/N of
 every block's matrices and heads (switches.parallelize.tensor_parallel), all-reducing the
 stream; 'pp': rank r runs stage r of N (switches.parallelize.pipeline_stages) under GPipe, N
-micro-batches a step, sending the stream forward and its gradient back; 'fsdp+tp': a 2-D mesh, TP over `tp` ranks, FSDP over the N/tp rows of ranks."""
+micro-batches a step, sending the stream forward and its gradient back; 'fsdp+tp': a 2-D
+mesh, TP within each row of `tp` ranks, FSDP down the columns of N/tp ranks."""
 
 DDP_BUCKET_BYTES = (1024 * 1024, 25 * 1024 * 1024)
 """DistributedDataParallel's bucket caps: the first bucket (`dist._DEFAULT_FIRST_BUCKET_BYTES`), then `bucket_cap_mb=25`."""
@@ -371,7 +375,8 @@ def _shares(config: RunConfig, strategy: str, processes: int, tp: int) -> list[t
     rows, dp = _rows(config), processes // (tp if "tp" in strategy.split("+") else 1)
     if dp != processes:
         rows += [n // tp for n in rows]
-    return [tuple(shard_rows(n, dp, rank * dp // processes) for n in rows) for rank in range(processes)]
+    coordinate = processes // dp  # rank r sits in row r // tp of the ('dp', 'tp') mesh (1-D: r itself)
+    return [tuple(shard_rows(n, dp, rank // coordinate) for n in rows) for rank in range(processes)]
 
 
 def cannot_split(config: RunConfig, strategy: str, processes: int, tp: int) -> str | None:
@@ -383,10 +388,10 @@ def cannot_split(config: RunConfig, strategy: str, processes: int, tp: int) -> s
         return _cannot_pipeline(cfg, processes)
     if "tp" not in strategy.split("+"):
         return None
-    width = processes if strategy == "tp" else tp
-    heads, d_model = cfg.dims.get("n_head"), cfg.dims.get("d_model")
     if cfg.model != "gpt":
         return "tensor parallel splits the built-in GPT only"
+    width = processes if strategy == "tp" else tp
+    heads, d_model = cfg.dims["n_head"], cfg.dims["d_model"]
     if heads % width or d_model % width:
         return f"n_head={heads} and d_model={d_model} must divide by {width} tensor-parallel ranks"
     if processes % width or processes == width != 1 and strategy == "fsdp+tp":
