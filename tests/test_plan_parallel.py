@@ -1,9 +1,10 @@
 """The planner's parallel plans: predicted in one process on a fake process group, measured on
-N gloo processes. Memory per rank within 5% (here: to the byte), collective bytes exactly.
+N gloo processes. Each rank's peak within 5%, model-state and collective bytes and calls exactly.
 
 The measured side runs the same two steps (`parallel.steady_step`) on real tensors in N real
 processes, wrapped by the real thing: DistributedDataParallel itself (its C++ reducer, whose
-all-reduce `watch_ddp` makes countable), FSDP2's `fully_shard` over a gloo group.
+all-reduce `watch_ddp` makes countable; the replay stands in its buckets), FSDP2's
+`fully_shard`, DTensor's tensor parallel, torch.distributed.pipelining's stages, over gloo.
 """
 
 from __future__ import annotations

@@ -23,7 +23,9 @@ set to None; the second of two steps is read (the optimizer state exists). Rank 
 depend on r only through its share (the rows FSDP2 gives it; its pipeline stage), so one
 replay per distinct share is made: 64 ranks cost a few replays. The communication time is a bandwidth-only estimate: the bytes a ring
 sends per rank (`measure.communication.wire_bytes`) over the link's bandwidth; no latency, no
-overlap with compute.
+overlap with compute. The peak is counted as CPU processes hold it (tensor bytes, exactly):
+a GPU's allocator rounding and cuBLAS workspaces, which `estimate(device='cuda')` adds, are
+not added here.
 
 Example:
     >>> plans = plan_parallel(RunConfig(model="gpt", preset="cpu-quick"), Cluster(gpus=8, memory_gib=80, link_gbps=100))  # doctest: +SKIP
