@@ -56,7 +56,9 @@ holds 1/N of it (FSDP2), gathering a block's parameters to run it; 'tp': each ra
 every block's matrices and heads (switches.parallelize.tensor_parallel), all-reducing the
 stream; 'pp': rank r runs stage r of N (switches.parallelize.pipeline_stages) under GPipe, N
 micro-batches a step, sending the stream forward and its gradient back; 'fsdp+tp': a 2-D
-mesh, TP within each row of `tp` ranks, FSDP down the columns of N/tp ranks."""
+mesh, TP within each row of `tp` ranks, FSDP down the columns of N/tp ranks. The config's
+`batch_size` is what one rank computes on: its own batch (dp, fsdp), its TP group's shared
+batch (tp), the pipeline's whole batch, split into N micro-batches (pp)."""
 
 DDP_BUCKET_BYTES = (1024 * 1024, 25 * 1024 * 1024)
 """DistributedDataParallel's bucket caps: the first bucket (`dist._DEFAULT_FIRST_BUCKET_BYTES`), then `bucket_cap_mb=25`."""
