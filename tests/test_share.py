@@ -336,3 +336,16 @@ def test_the_teachers_command_starts_a_room_learners_can_share_with(tmp_path, re
     finally:
         os.killpg(server.pid, signal.SIGTERM)  # bash and the trackio it started
         server.wait(timeout=30)
+
+
+def test_reading_a_room_that_is_down_or_full_is_one_line():
+    with pytest.raises(store.RoomUnreadable) as down:
+        store.room_records(f"http://127.0.0.1:{_closed_port()}/?write_token=workshop")
+    assert str(down.value).startswith("room_records: the room at http://127.0.0.1:") and "\n" not in str(down.value)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), type("Store", (_FullStore,), {"drops": False}))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(store.RoomUnreadable, match=r"^room_records: the room's store is full \(HTTP 507\)$"):
+            store.room_records(f"http://127.0.0.1:{server.server_port}/")
+    finally:
+        server.shutdown()

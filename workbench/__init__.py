@@ -61,6 +61,8 @@ _EXPORTS = {
     "parse_oom": "measure.oom",
     "plan": "planner.planning",
     "Target": "planner.planning",
+    "Cluster": "planner.parallel",
+    "plan_parallel": "planner.parallel",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -95,6 +97,7 @@ if TYPE_CHECKING:
     from workbench.measure.result import MemoryBreakdown, RunResult
     from workbench.lessons.exercises import agree, check, claims
     from workbench.lessons.ledger import calibration, room_calibration
+    from workbench.planner.parallel import Cluster, plan_parallel
     from workbench.planner.planning import Target, plan
     from workbench.views.compare import Comparison, compare
     from workbench.views.dashboard import Dashboard

@@ -8,13 +8,13 @@ buffer) while it is active:
   wrapping them for the duration of the block;
 - DistributedDataParallel's bucketed all-reduce, which runs in C++, once
   `CollectiveCounter.watch_ddp(ddp_model)` has routed it through Python (torch's own
-  default communication hook: the same all-reduce of the same buckets).
-
-- the functional collectives DTensor runs (`_c10d_functional.all_reduce`, ...: what tensor
-  parallelism's `parallelize_module` layers call, forward and backward), seen through a
-  TorchDispatchMode beneath DTensor, as torch's own CommDebugMode sees them;
-- point-to-point sends (`isend`, what `torch.distributed.pipelining` passes between stages),
-  counted as 'send': each byte once, by the process that sends it.
+  default communication hook: the same all-reduce of the same buckets);
+- the functional collectives DTensor calls (tensor parallelism's all-reduces, all-gathers
+  and reduce-scatters, forward and backward; the optimizer's reach the older `c10d_functional`
+  namespace), seen by a dispatch mode beneath DTensor, as torch's own CommDebugMode sees them
+  (on fake tensors too: what the planner's replay counts), and the point-to-point sends between
+  pipeline stages (the `c10d.send` op that `isend` dispatches to, kind 'send': each byte once,
+  by the process that sends it).
 
 How many bytes cross the wire per process follows from these: a ring all-gather or
 reduce-scatter of B bytes sends (N-1)/N x B from each process, an all-reduce twice that
@@ -46,11 +46,10 @@ _WRAPPED: dict[str, tuple[str, str]] = {
     "all_reduce": ("all_reduce", "tensor"),
 }
 
-
 # DTensor's collectives (torch.ops._c10d_functional.<name>) -> kind; the full tensor is the
 # all-gather's output, the others' input (the same convention as _WRAPPED)
 _FUNCTIONAL = {"all_reduce": "all_reduce", "all_reduce_": "all_reduce", "all_gather_into_tensor": "all_gather",
-               "reduce_scatter_tensor": "reduce_scatter", "all_to_all_single": "all_to_all"}
+               "reduce_scatter_tensor": "reduce_scatter", "all_to_all_single": "all_to_all", "broadcast": "broadcast"}
 
 # The optimizer's DTensor ops reach the older c10d_functional ops; the layers reach _c10d_functional
 _FUNCTIONAL_NAMESPACES = ("_c10d_functional", "c10d_functional", "_c10d_functional_autograd")
@@ -61,16 +60,18 @@ def _nbytes(t: torch.Tensor) -> int:
 
 
 def _functional_mode(counter: CollectiveCounter) -> Any:
-    """A dispatch mode that adds each functional collective to `counter`. Below DTensor (which
-    unwraps to plain tensors before it communicates), so each collective is seen once."""
+    """A dispatch mode that counts DTensor's functional collectives into `counter` (the full
+    tensor: an all-gather's output, the input of the others)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Functional(TorchDispatchMode):
         def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
             out = func(*args, **(kwargs or {}))
             kind = _FUNCTIONAL.get(func._overloadpacket.__name__) if func.namespace in _FUNCTIONAL_NAMESPACES else None
-            if kind is not None:
+            if kind is not None:  # (not wait_tensor, nor the wrapping of a result for autograd)
                 counter.add(kind, _nbytes(out if kind == "all_gather" else args[0]))
+            elif func.namespace == "c10d" and func._overloadpacket.__name__ == "send":  # a pipeline's stages
+                counter.add("send", sum(_nbytes(t) for t in args[0]))
             return out
 
     return Functional()
@@ -88,6 +89,7 @@ class CollectiveCounter:
         self.calls: dict[str, int] = {}
         self.bytes: dict[str, int] = {}
         self._saved: dict[str, Callable[..., Any]] = {}
+        self._mode: Any = None
 
     def add(self, kind: str, nbytes: int) -> None:
         self.calls[kind] = self.calls.get(kind, 0) + 1
@@ -110,35 +112,19 @@ class CollectiveCounter:
     def __enter__(self) -> CollectiveCounter:
         import torch.distributed as dist
 
-        import torch.distributed.distributed_c10d as c10d
-
         for name in _WRAPPED:
             if hasattr(dist, name):
                 self._saved[name] = getattr(dist, name)
                 setattr(dist, name, self._wrap(name, self._saved[name]))
-        if hasattr(dist, "isend"):
-            # Replaced in c10d too: P2POp and batch_isend_irecv check `op is isend` against c10d's own name.
-            self._saved["isend"] = send = dist.isend
-
-            @functools.wraps(send)
-            def counted_send(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-                self.add("send", _nbytes(tensor))
-                return send(tensor, *args, **kwargs)
-
-            dist.isend = c10d.isend = counted_send
-        self._mode = _functional_mode(self)
-        self._mode.__enter__()
+        self._mode = _functional_mode(self).__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
         import torch.distributed as dist
-        import torch.distributed.distributed_c10d as c10d
 
         self._mode.__exit__(*exc)
         for name, fn in self._saved.items():
             setattr(dist, name, fn)
-        if "isend" in self._saved:
-            c10d.isend = self._saved["isend"]
         self._saved.clear()
 
     @staticmethod
@@ -163,13 +149,15 @@ class CollectiveCounter:
 def wire_bytes(kind: str, nbytes: int, processes: int) -> float:
     """Bytes each process sends for one collective over `nbytes` in a ring of `processes`:
     (N-1)/N x B for an all-gather or a reduce-scatter, 2(N-1)/N x B for an all-reduce
-    (a reduce-scatter then an all-gather).
+    (a reduce-scatter then an all-gather); a point-to-point send, its bytes.
 
     Example:
         >>> wire_bytes("all_reduce", 1000, 2)
         1000.0
     """
     share = (processes - 1) / processes * nbytes
+    if kind == "send":  # point to point: the bytes themselves
+        return float(nbytes)
     if kind == "all_reduce":
         return 2 * share
     if kind in ("all_gather", "reduce_scatter"):

@@ -97,6 +97,10 @@ class NotStored(RuntimeError):
     and drops a write its SQLite store refuses: 'database or disk is full', measured here)."""
 
 
+class RoomUnreadable(RuntimeError):
+    """The room's records could not be read (the server down, refusing, or its store broken)."""
+
+
 def _why(error: Exception, room: str) -> str:
     """One clause: why the room did not take the record."""
     import httpx
@@ -178,5 +182,8 @@ def room_records(room: str | None = None) -> list[dict[str, Any]]:
     room = room or os.environ.get(ROOM_VARIABLE)
     if not room:
         raise ValueError(f"room_records() needs room= or {ROOM_VARIABLE}: the trackio server's URL")
-    configs = _client(room).predict(PROJECT, api_name="/get_run_configs") or {}
+    try:
+        configs = _client(room).predict(PROJECT, api_name="/get_run_configs") or {}
+    except Exception as error:  # noqa: BLE001 - one line for the teacher, not trackio's traceback
+        raise RoomUnreadable(f"room_records: {_why(error, room).replace('; tell the teacher', '')}") from None
     return [config for config in configs.values() if isinstance(config, dict) and config.get("workbench")]

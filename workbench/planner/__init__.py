@@ -9,6 +9,8 @@
     fit.py        does a config fit this device? (the check run() makes before allocating)
     speed.py      a roofline: the step's time from its FLOPs and bytes
     planning.py   plan(model, target) -> Plan: the switches that fit a memory budget, fastest first
+    parallel.py   plan_parallel(config, Cluster) -> each rank's peak and each step's collectives for
+                  DP, FSDP, TP, PP, replayed as rank r of N on a fake process group
 
 It sits above `measure` (the exact counters it replays) and below `engine`, which asks
 `fit.check_fits` before a run allocates anything.

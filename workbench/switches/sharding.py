@@ -74,9 +74,10 @@ def _base(model: nn.Module) -> nn.Module:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def shard_model(model: nn.Module) -> nn.Module:
-    """Shard `model` over the default process group: each transformer block one FSDP group,
-    then the whole model (the rest). Build the optimizer after this: it must hold the shards.
+def shard_model(model: nn.Module, mesh: Any = None) -> nn.Module:
+    """Shard `model` over the default process group (or `mesh`): each transformer block one
+    FSDP group, then the whole model (the rest). Build the optimizer after this: it must hold
+    the shards. (The planner passes a mesh it made before entering fake mode.)
 
     Raises ValueError in a single process: there is nothing to shard across.
     """
@@ -89,8 +90,8 @@ def shard_model(model: nn.Module) -> nn.Module:
         raise ValueError("sharding='full' splits the model state across processes, and this run has one; "
                          "start it with wb.launch(config, num_processes=2), or use sharding='none'")
     for block in model_parts(_base(model))["blocks"]:
-        fully_shard(block)
-    fully_shard(model)
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     return model
 
 
