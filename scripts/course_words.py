@@ -41,14 +41,27 @@ def _section(optional_level: int | None, line: str) -> int | None:
     return optional_level
 
 
+def _headings_outside_fences(text: str):
+    """(line, the line as a heading candidate) for each line of a markdown cell; the candidate is
+    None inside a ``` code fence: a shell comment there (`# one machine, 2 processes`) is code, not
+    a heading that ends an Optional section."""
+    fenced = False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            yield line, None
+        else:
+            yield line, None if fenced else line
+
+
 def core_code_cells(notebook: pathlib.Path) -> list[str]:
     """The sources of the code cells on the core path that a learner's copy keeps (no solutions)."""
     found, optional_level = [], None
     for cell in json.loads(notebook.read_text())["cells"]:
         text = "".join(cell["source"])
         if cell["cell_type"] == "markdown" and "solution" not in _tags(cell):
-            for line in text.splitlines():
-                optional_level = _section(optional_level, line)
+            for _, heading in _headings_outside_fences(text):
+                optional_level = _section(optional_level, heading or "")
         elif cell["cell_type"] == "code" and optional_level is None and "solution" not in _tags(cell):
             found.append(text)
     return found
@@ -73,8 +86,8 @@ def words(notebook: pathlib.Path) -> dict[str, int]:
             continue
         if optional_level is None and text.lstrip().startswith("**Explain"):
             counts["exercises"] += 1
-        for line in text.splitlines():
-            optional_level = _section(optional_level, line)
+        for line, heading in _headings_outside_fences(text):
+            optional_level = _section(optional_level, heading or "")
             counts["optional" if optional_level is not None else "core"] += len(line.split())
     counts["minutes"] = learner_minutes(counts["core"], counts["code_cells"], counts["exercises"])
     return counts

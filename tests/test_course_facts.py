@@ -80,3 +80,22 @@ def test_every_notebook_has_a_cpu_avx2_run_all_record_of_at_most_180_s():
         elif entry.get("status", "ok") != "ok" or entry["seconds"] > 180:
             misses.append(f"{path.stem}: {entry.get('status', 'ok')}, {entry['seconds']:.0f} s")
     assert not misses, "Run All under cpu on 2 AVX2 cores, at most 180 s:\n" + "\n".join(misses)
+
+
+def test_a_shell_comment_in_a_fenced_block_is_not_a_heading_that_ends_an_optional_section(tmp_path):
+    """06's `## Optional: the same run from the shell` shows `# one machine, ...` inside a ```bash
+    fence: read as a level-1 heading it ended the section, and its two cells counted as core."""
+    def md(text):
+        return {"cell_type": "markdown", "metadata": {}, "source": text}
+
+    def code(text):
+        return {"cell_type": "code", "metadata": {}, "source": text, "outputs": [], "execution_count": None}
+
+    cells = [md("# 06 · Title\nintro"), code("a = 1"),
+             md("## Optional: the shell\n```bash\n# one machine\naccelerate launch\n```\nafter"), code("b = 2"),
+             md("## Questions\n1. Why?")]
+    path = tmp_path / "06_x.ipynb"
+    path.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    counts = course_words.words(path)
+    assert course_words.core_code_cells(path) == ["a = 1"]  # not the optional cell after the fence
+    assert (counts["core"], counts["optional"]) == (4 + 1 + 4, 4 + 1 + 3 + 2 + 1 + 1)
