@@ -29,9 +29,12 @@ def _workbench_room_notice() -> None:
               f"limit ({shown}). Its variables are gone: run the cells above again, ask for less "
               f"(a smaller batch_size, model or seq_len), or shut down other notebooks' kernels.",
               file=sys.stderr)
-        seen_file.parent.mkdir(exist_ok=True)
-        seen_file.write_text(str(kills))
         shell.events.unregister("pre_run_cell", notice)
+        try:
+            seen_file.parent.mkdir(parents=True, exist_ok=True)
+            seen_file.write_text(str(kills))
+        except OSError:
+            pass  # told once more next time: better than a cell that fails
 
     shell = get_ipython()  # noqa: F821 (IPython's, in the namespace this file runs in)
     shell.events.register("pre_run_cell", notice)

@@ -199,6 +199,7 @@ def start(args: argparse.Namespace) -> int:
     with log.open("ab") as out:
         hub = subprocess.Popen([sys.executable, "-m", "jupyterhub", "-f", str(REPO / "room/jupyterhub_config.py")],
                                cwd=state, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                               umask=0o077,  # the hub's database and files: root's only
                                env={**os.environ, "WORKBENCH_ROOM_STATE": str(state)})
     _wait_for_hub(f"http://{'127.0.0.1' if args.ip == '0.0.0.0' else args.ip}:{args.port}", hub, log)
     print(f"room open at {url}/ for {n} learners ({names[0]} .. {names[-1]}); names and passwords: "
@@ -259,6 +260,13 @@ def reset(args: argparse.Namespace) -> int:
         except KeyError:
             continue
         _run("userdel", "--remove", name)
+    try:
+        import grp
+
+        if not grp.getgrnam(access.GROUP).gr_mem:  # no learner of any room left in it
+            _run("groupdel", access.GROUP)
+    except KeyError:
+        pass
     grants_file = state / "grants.json"
     if grants_file.exists():
         access.revoke(json.loads(grants_file.read_text()))

@@ -71,11 +71,18 @@ def room(tmp_path_factory, browser):
         if (state / "jupyterhub.log").exists():  # kept for a failure's reading; the state goes with the reset
             SHOTS.mkdir(parents=True, exist_ok=True)
             (SHOTS / "jupyterhub.log").write_bytes((state / "jupyterhub.log").read_bytes())
+            ps = subprocess.run(["ps", "-o", "pid,user,stat,wchan:32,rss,etime,args", "-u", ",".join(room_users(prefix))],
+                                capture_output=True, text=True)
+            (SHOTS / "ps.txt").write_text(ps.stdout + ps.stderr)
         stopped = _make("room-stop", env=env)
         assert stopped.returncode == 0 and "room stopped" in stopped.stdout, stopped.stdout + stopped.stderr
         done = _make("room-reset", env=env)
         left = [name for name in (f"{prefix}{i:02d}" for i in (1, 2, 3)) if _exists(name)]
         assert done.returncode == 0 and not left, done.stdout + done.stderr + f" accounts left: {left}"
+
+
+def room_users(prefix: str) -> list[str]:
+    return [f"{prefix}{i:02d}" for i in (1, 2, 3) if _exists(f"{prefix}{i:02d}")]
 
 
 def _exists(name: str) -> bool:
@@ -97,7 +104,7 @@ def _open(page, url: str, name: str, notebook: str) -> None:
     page.wait_for_url(f"**/user/{name}/lab**", timeout=180_000)  # the spawn, then JupyterLab
     page.goto(f"{url}/user/{name}/lab/tree/{notebook}?reset")
     page.wait_for_selector(CELLS, timeout=90_000)
-    page.wait_for_function("() => document.body.innerText.includes('Idle')", timeout=120_000)
+    page.wait_for_function(IDLE_JS, timeout=120_000)  # the notebook's kernel, ready
 
 
 def _prompts(page) -> list[str]:
@@ -208,7 +215,9 @@ def _run_cell(page, index: int, timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     time.sleep(0.5)
     while _prompts(page)[index] in ("[*]:", "[*]", "[ ]:", "[ ]", ""):
-        assert time.monotonic() < deadline, f"cell {index} still running after {timeout_s} s"
+        if time.monotonic() > deadline:
+            page.screenshot(path=str(SHOTS / f"cell_{index}_stuck.png"))
+            pytest.fail(f"cell {index} still running after {timeout_s} s: test-artifacts/room/cell_{index}_stuck.png")
         time.sleep(0.3)
 
 
