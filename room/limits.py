@@ -83,6 +83,9 @@ def prepare(user: str, limits: Limits, how: str, root: Path = ROOT) -> list[Path
             _write(memory / "memory.memsw.limit_in_bytes", str(limits.memory_bytes))
         _write(cpu / "cpu.cfs_period_us", str(PERIOD_US))
         _write(cpu / "cpu.cfs_quota_us", quota)
+    for folder in folders(user, how, root):  # readable by the learner whatever the hub's umask: workbench
+        for made in (folder.parent, folder):     # reads its limit there (free_bytes) and the kernel its OOM count
+            made.chmod(0o755)
     return folders(user, how, root)
 
 

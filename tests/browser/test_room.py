@@ -225,20 +225,27 @@ def _cell_output(page, index: int) -> str:
     return page.eval_on_selector_all(f"{CELLS} .jp-Cell-outputArea", "els => els.map(e => e.innerText)")[index]
 
 
+def _run_all(page) -> None:
+    page.click("text=Run", timeout=10_000)  # the menu bar's Run menu
+    page.click("text=Run All Cells", timeout=10_000)
+
+
 def test_over_the_memory_limit_only_that_learner_is_told_and_stopped(room, learners):
     (a, page_a), (b, page_b) = learners[0], learners[2]
     home_a, home_b = (Path(pwd.getpwnam(n).pw_dir) / "workbench" for n in (a, b))
-    _notebook(home_a / "memory.ipynb", a,
+    _notebook(home_a / "refused.ipynb", a,
               "import workbench as wb\n"
-              "wb.run(wb.RunConfig(model='mlp', preset='cpu-quick', dims={'hidden': [16384, 16384]}))",
+              "wb.run(wb.RunConfig(model='mlp', preset='cpu-quick', dims={'hidden': [16384, 16384]}))")
+    _notebook(home_a / "over.ipynb", a,
               "import torch\nx = torch.ones(512 * 2**20)  # 2 GiB, past the limit, no workbench to refuse it",
               "print('after the restart')")
     _notebook(home_b / "alive.ipynb", b, "kept = 'B keeps this'", "print(kept, sum(range(10)))")
     _open(page_b, room["url"], b, "alive.ipynb")
     _run_cell(page_b, 0)
-    _open(page_a, room["url"], a, "memory.ipynb")
 
-    _run_cell(page_a, 0)  # refused before it allocates, in one line
+    _open(page_a, room["url"], a, "refused.ipynb")
+    _run_all(page_a)  # refused before it allocates, in one line
+    page_a.wait_for_selector(ERRORS, timeout=120_000)
     refused = _cell_output(page_a, 0)
     page_a.screenshot(path=str(SHOTS / "memory_refused.png"))
     # workbench's one line (under IPython's traceback), the free memory read from the learner's cgroup:
@@ -249,8 +256,8 @@ def test_over_the_memory_limit_only_that_learner_is_told_and_stopped(room, learn
     limit_gib = int(room["info"]["memory_bytes"]) / 2**30
     assert free and float(free[1]) / (1024 if free[2] == "MiB" else 1) < limit_gib, line
 
-    page_a.locator(f"{CELLS} .jp-InputArea-editor").nth(1).click()
-    page_a.keyboard.press("Control+Enter")  # the kernel dies: JupyterLab says it restarts
+    _open(page_a, room["url"], a, "over.ipynb")
+    _run_all(page_a)  # the kernel dies: JupyterLab says it restarts
     page_a.wait_for_selector("text=appears to have died", timeout=120_000)
     page_a.screenshot(path=str(SHOTS / "memory_killed.png"))
     page_a.click(".jp-Dialog button:has-text('Ok')")
@@ -260,8 +267,8 @@ def test_over_the_memory_limit_only_that_learner_is_told_and_stopped(room, learn
             page_a.screenshot(path=str(SHOTS / "memory_not_idle.png"))
             pytest.fail("the restarted kernel was not idle within 120 s: see test-artifacts/room/memory_not_idle.png")
         time.sleep(0.5)
-    _run_cell(page_a, 2)
-    told = _cell_output(page_a, 2)
+    _run_cell(page_a, 1)
+    told = _cell_output(page_a, 1)
     page_a.screenshot(path=str(SHOTS / "memory_told.png"))
     assert "after the restart" in told and "went over your memory limit" in told, told
     assert f"({limit_gib:.1f} GiB)" in told, told
