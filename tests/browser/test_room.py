@@ -230,6 +230,15 @@ def _cell_output(page, index: int) -> str:
     return page.eval_on_selector_all(f"{CELLS} .jp-Cell-outputArea", "els => els.map(e => e.innerText)")[index]
 
 
+def _idle_within(page, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not page.evaluate(IDLE_JS):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
 def _run_all(page) -> None:
     page.click("text=Run", timeout=10_000)  # the menu bar's Run menu
     page.click("text=Run All Cells", timeout=10_000)
@@ -266,12 +275,17 @@ def test_over_the_memory_limit_only_that_learner_is_told_and_stopped(room, learn
     page_a.wait_for_selector("text=appears to have died", timeout=120_000)
     page_a.screenshot(path=str(SHOTS / "memory_killed.png"))
     page_a.click(".jp-Dialog button:has-text('Ok')")
-    deadline = time.monotonic() + 120
-    while not page_a.evaluate(IDLE_JS):
-        if time.monotonic() > deadline:
-            page_a.screenshot(path=str(SHOTS / "memory_not_idle.png"))
-            pytest.fail("the restarted kernel was not idle within 120 s: see test-artifacts/room/memory_not_idle.png")
-        time.sleep(0.5)
+    # Seen here: the restarted kernel runs, but the page can stay at "Starting" (its connection to the
+    # kernel opened before the kernel was up). A learner reloads the page then; so does this test, once,
+    # and says so in times.json.
+    reloaded = not _idle_within(page_a, 45)
+    if reloaded:
+        page_a.screenshot(path=str(SHOTS / "memory_not_idle.png"))
+        page_a.reload()
+        page_a.wait_for_selector(CELLS, timeout=90_000)
+        assert _idle_within(page_a, 90), "the restarted kernel was not idle after a reload either"
+    times = json.loads((SHOTS / "times.json").read_text()) if (SHOTS / "times.json").exists() else {}
+    (SHOTS / "times.json").write_text(json.dumps({**times, "page reload needed after the OOM restart": reloaded}))
     _run_cell(page_a, 1)
     told = _cell_output(page_a, 1)
     page_a.screenshot(path=str(SHOTS / "memory_told.png"))
