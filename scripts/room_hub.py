@@ -122,8 +122,9 @@ def _write_kernel_spec(state: Path, python: str) -> None:
 
 
 def _let_learners_run_python(state: Path) -> None:
-    """Learners run this Python and read this repository: grant search where a folder bars them."""
-    closed = access.closed_folders([Path(sys.executable), Path(sys.prefix), Path(sys.base_prefix), REPO])
+    """Learners run this Python, read this repository and the room's kernel spec (in the state folder):
+    grant search where a folder bars them."""
+    closed = access.closed_folders([Path(sys.executable), Path(sys.prefix), Path(sys.base_prefix), REPO, state])
     if not closed:
         return
     grants_file = state / "grants.json"
