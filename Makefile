@@ -1,7 +1,7 @@
 # The two commands of the README. Both install what is missing first (scripts/setup.sh).
 PY := $(if $(VIRTUAL_ENV)$(CONDA_PREFIX),python,.venv/bin/python)
 
-.PHONY: learn lab course-facts test test-presets test-spawn setup browser benchmark gpu-check preflight learner-copies run-all lock wheelhouse drift
+.PHONY: learn lab course-facts test test-presets test-spawn setup browser benchmark gpu-check preflight learner-copies run-all lock wheelhouse drift room room-stop room-reset
 
 setup:
 	@bash scripts/setup.sh lab,test,quantization,room
@@ -97,3 +97,19 @@ test-spawn: setup
 # GPU claims in docs/gpu-reference/ (scripts/gpu_check.py; about 6 minutes on one H200).
 gpu-check: setup
 	$(PY) scripts/gpu_check.py --out docs/gpu-reference
+
+# One machine serves the room (as root; docs/WORKSHOP.md "One machine for the room"): an account,
+# a copy of the notebooks and a CPU and memory limit for each of SEATS learners, JupyterHub in the
+# background on port 8000 (scripts/room_hub.py start --help: --memory, --cores, --preset, --port).
+# Names and passwords: /var/lib/workbench-room/roster.txt (root's only).
+SEATS ?= 8
+room: setup
+	$(PY) scripts/room_hub.py start --learners $(SEATS) $(ROOM_ARGS)
+
+# Stop the hub, every learner's server and kernel; accounts and work are kept (make room starts it again).
+room-stop:
+	$(PY) scripts/room_hub.py stop
+
+# Stop, then delete the learners' accounts with their work, and the room's files.
+room-reset:
+	$(PY) scripts/room_hub.py reset

@@ -18,6 +18,8 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
+# docs/WORKSHOP.md's "One machine for the room" (the room's commands) is held to the same ledger.
+ROOM_SECTION = re.search(r"## One machine for the room\n(.*?)(?=\n## )", (ROOT / "docs/WORKSHOP.md").read_text(), re.S)[1]
 
 AS_WRITTEN, VARIANT, NOT_RUN = "as written", "variant", "not run"
 LEDGER = {
@@ -64,6 +66,14 @@ LEDGER = {
     "make lock": (NOT_RUN, "", "re-resolves against the live index, minutes; tests/test_lock.py checks the lock it wrote (python scripts/lock.py --check, in .ci/run too)"),
     "make drift": (NOT_RUN, "", "a second environment and the whole suite, ~20 min; its last report is benchmarks/results/drift.json"),
     "conda env create -f environment.yml": (NOT_RUN, "", "CI has no conda; tests/test_lock.py checks environment.yml follows the lock"),
+    # docs/WORKSHOP.md, "One machine for the room"
+    "make room": (VARIANT, "tests/browser/test_room.py", "make -o setup room SEATS=3 ROOM_ARGS=... (loopback, a free port, a test prefix)"),
+    "make room SEATS=8": (VARIANT, "tests/browser/test_room.py", "SEATS=3, on loopback and a free port, as root"),
+    'make room SEATS=8 ROOM_ARGS="--memory 3G --cores 2 --preset cpu --port 8080"':
+        (VARIANT, "tests/browser/test_room.py", "ROOM_ARGS with --memory 1536M --cores 1 --preset cpu-quick, a free port"),
+    "make room-stop": (VARIANT, "tests/browser/test_room.py", "make -o setup room-stop, in the test's teardown"),
+    "make room-reset": (VARIANT, "tests/browser/test_room.py", "make -o setup room-reset, in the test's teardown"),
+    "python scripts/room_hub.py start --help": (AS_WRITTEN, "tests/test_room_hub.py", "python scripts/room_hub.py start --help"),
 }
 
 
@@ -80,7 +90,7 @@ def readme_commands(text: str = README) -> list[str]:
 
 
 def test_every_readme_command_has_a_place_in_the_ledger():
-    missing = [c for c in readme_commands() if c not in LEDGER]
+    missing = [c for c in readme_commands() + readme_commands(ROOM_SECTION) if c not in LEDGER]
     assert not missing, "README commands with no place where they run (add them to LEDGER):\n" + "\n".join(missing)
 
 
@@ -91,7 +101,7 @@ def test_a_command_run_as_written_is_in_its_file_literally(command):
 
 
 def test_the_ledger_names_no_command_the_readme_dropped():
-    shown = set(readme_commands())
+    shown = set(readme_commands()) | set(readme_commands(ROOM_SECTION))
     assert not [c for c in LEDGER if c not in shown]
 
 

@@ -17,9 +17,10 @@ Two steps, so a normal run pays nothing:
 Your own module's floor is its real parameter bytes: weights, and for what trains a gradient
 and the optimizer's state.
 
-"Free" is the least of: the memory the OS reports available, a cgroup's limit less its
-use, and this process's address-space limit (RLIMIT_AS) less its size. On a GPU the model
-is still built in host memory before it moves, so the host is checked for the model state
+"Free" is the least of: the memory the OS reports available, each memory limit of this
+process's cgroup (v2 or v1) and its parents less their use, and this process's address-space
+limit (RLIMIT_AS) less its size. On a GPU the model is still built in host memory before it
+moves, so the host is checked for the model state
 (the device's own out-of-memory error is clean: it ends the run with status 'oom').
 
 Example:
@@ -43,7 +44,7 @@ from workbench.core.report import format_bytes
 from workbench.measure.counters import gpt_activation_bytes_formula
 from workbench.measure.meters import status_bytes
 
-__all__ = ["DoesNotFit", "Need", "check_fits", "floor_bytes", "free_bytes", "need_bytes"]
+__all__ = ["DoesNotFit", "Need", "cgroup_room", "check_fits", "floor_bytes", "free_bytes", "need_bytes"]
 
 _BYTE_VOCAB = 256  # the byte-level language-modelling data
 _FAR_BELOW = 10  # a floor under 1/10 of the free memory needs no closer look
@@ -80,14 +81,40 @@ def _read_int(path: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
+# Where a cgroup's memory limit and use are, by version: v2 (one tree) and v1 (a tree per controller).
+_CGROUP_FILES = {"v2": ("", "memory.max", "memory.current"),
+                 "v1": ("memory", "memory.limit_in_bytes", "memory.usage_in_bytes")}
+
+
+def cgroup_room(proc: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> list[int]:
+    """Bytes left under each memory limit of this process's cgroup and its ancestors (v2 or v1):
+    a JupyterHub that puts each learner in a cgroup of their own (room/) holds their runs to it."""
+    try:
+        with open(proc) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    figures = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        version = "v2" if controllers == "" else "v1" if "memory" in controllers.split(",") else None
+        if version is None:
+            continue
+        tree, limit_file, used_file = _CGROUP_FILES[version]
+        parts = [part for part in path.split("/") if part]
+        for depth in range(len(parts), -1, -1):  # a parent's limit holds its children too
+            folder = "/".join([root, tree, *parts[:depth]]).replace("//", "/")
+            limit, used = _read_int(f"{folder}/{limit_file}"), _read_int(f"{folder}/{used_file}")
+            if limit is not None and used is not None:
+                figures.append(max(0, limit - used))
+    return figures
+
+
 def free_bytes() -> int | None:
     """Memory this process can still allocate (the least of the OS, cgroup and rlimit figures)."""
     import psutil
 
-    figures = [psutil.virtual_memory().available]
-    limit, used = _read_int("/sys/fs/cgroup/memory.max"), _read_int("/sys/fs/cgroup/memory.current")
-    if limit is not None and used is not None:
-        figures.append(max(0, limit - used))
+    figures = [psutil.virtual_memory().available, *cgroup_room()]
     for which, field in ((resource.RLIMIT_AS, "VmSize"), (resource.RLIMIT_DATA, "VmData")) if resource else ():
         soft, _ = resource.getrlimit(which)
         if soft != resource.RLIM_INFINITY and (size := status_bytes(field)) is not None:
