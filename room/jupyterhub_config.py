@@ -49,6 +49,8 @@ c.RoomSpawner.room_env = {
     "PYTHONPATH": str(REPO),  # this checkout's workbench, and room.limits for the kernel start file
     "JUPYTER_PATH": str(STATE / "share/jupyter"),  # the room's python3 kernel spec first
     **room.get("env", {}),
+    # the teacher's trackio room (docs/WORKSHOP.md, "What the room measured"): wb.share finds it
+    **({"WORKBENCH_ROOM": os.environ["WORKBENCH_ROOM"]} if os.environ.get("WORKBENCH_ROOM") else {}),
 }
 # Three learners pressing "start" at once on a small machine: give a busy server time to answer.
 c.RoomSpawner.start_timeout = 180
