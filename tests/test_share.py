@@ -22,7 +22,7 @@ import pytest
 
 import workbench as wb
 from workbench.core import hardware
-from workbench.core.fingerprint import cpu_level, hardware_class
+from workbench.core.fingerprint import CAP_VARIABLES, cpu_level, hardware_class
 from workbench.lessons import room as lesson
 from workbench.measure import room as store
 from workbench.measure.result import LoopDescription
@@ -36,7 +36,7 @@ ROW = {"notebook": "01_mixed_precision", "exercise": "bf16 speed-up", "predicted
 
 def _fingerprint_in(env: dict[str, str]) -> dict:
     code = "import json; from workbench.core.fingerprint import fingerprint; print(json.dumps(fingerprint('cpu')))"
-    clean = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")}
+    clean = {k: v for k, v in os.environ.items() if k not in CAP_VARIABLES}  # CI's own caps too
     out = subprocess.run([sys.executable, "-c", code], env={**clean, **env, "PYTHONPATH": str(ROOT)},
                          capture_output=True, text=True, check=True, timeout=120).stdout
     return json.loads(out.splitlines()[-1])

@@ -20,6 +20,9 @@ from workbench.core import hardware
 _ONEDNN_LEVELS = (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16"), ("avx512f", "AVX512"), ("avx2", "AVX2"))
 _FLAGS_SHOWN = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_int8")
 
+# The switches that make one CPU behave as a lesser one (oneDNN, ATen, FBGEMM: torch's int8 kernels)
+CAP_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "FBGEMM_ENABLE_INSTRUCTIONS")
+
 
 def cpu_level(flags: frozenset[str], machine: str = "x86_64") -> str:
     """The instruction set oneDNN's matmuls may use, from the capped flags ('Arm' on an Arm CPU).
@@ -76,8 +79,7 @@ def fingerprint(device: str = "auto") -> dict[str, Any]:
         "isa": cpu_level(flags, platform.machine()),
         "aten": aten_level(),
         "flags": [f for f in _FLAGS_SHOWN if f in flags],
-        "caps": {k: os.environ[k] for k in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "FBGEMM_ENABLE_INSTRUCTIONS")
-                 if os.environ.get(k)},
+        "caps": {k: os.environ[k] for k in CAP_VARIABLES if os.environ.get(k)},
         "bf16": hardware.precision_support(device, "bf16"),
         "fp16": hardware.precision_support(device, "fp16"),
         "int8_kernels": hardware.int8_kernels(),

@@ -18,6 +18,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+from workbench.core.fingerprint import CAP_VARIABLES
 from workbench.measure.room import PROJECT, room_records
 from workbench.views.room import calibration_table, effects, outlier_table, outliers, room_figure, room_table
 
@@ -72,10 +73,12 @@ def start_room(token: str = "workshop", *, wait_s: float = 60.0) -> Room:
 
 
 def as_learner(code: str, room: Room | str, caps: dict[str, str], *, label: str) -> None:
-    """Run a learner's `code` in its own process under `caps`, sharing with `room`; print its
-    'room:' lines (what the learner saw) under `label`."""
+    """Run a learner's `code` in its own process under `caps` and only those (the kernel's own caps,
+    e.g. CI's AVX2 switches, are not passed on: `caps={}` is this machine as it is), sharing with
+    `room`; print its 'room:' lines (what the learner saw) under `label`."""
     url = room.url if isinstance(room, Room) else room
-    env = {**os.environ, **caps, "WORKBENCH_ROOM": url}
+    own = {k: v for k, v in os.environ.items() if k not in CAP_VARIABLES}
+    env = {**own, **caps, "WORKBENCH_ROOM": url}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     if done.returncode:
         raise RuntimeError(f"learner {label!r} failed ({done.returncode}): {done.stderr.strip().splitlines()[-1:]}")
