@@ -40,7 +40,7 @@ GENERATED_WHOLE = ("docs/SUMMARY.md",)
 FIGURE_SPAN = re.compile(r"(?<!`)<!-- figure (?P<cite>[^|>]+?) \| (?P<pattern>.+?) -->(?P<value>.*?)<!-- /figure -->", re.S)
 BLOCK = re.compile(r"<!-- course-facts: (\S+) -->.*?<!-- /course-facts: \1 -->", re.S)
 CITATION = re.compile(r"(?:(?<![\w])(?P<nb>\d\d|room) )?§ (?P<heading>[^)\];|,\n]+)")
-CELL_NUMBER = re.compile(r"(?<!run\d )(?<!run\d\d )\b(?:\d\d )?cells? \d+", re.I)
+CELL_NUMBER = re.compile(r"\b(?:\d\d )?cells? \d+", re.I)
 UNIT = re.compile(r"\s?(?:ms|µs|s|sec|seconds?|min|minutes?|h|hours?|B|bytes?|KB|KiB|MB|MiB|GB|GiB|TB|TiB|"
                   r"FLOPs?|[GT]?FLOP/s|samples/s|tokens/s|points?)(?![\w])")
 # a number: digits with thousands separators, decimals, an exponent; x before or after is a ratio
@@ -59,6 +59,13 @@ class Cell:
     id: str
     compared: bool  # tagged nbval-check-output: nbval holds its output to the committed one
     text: str
+    _figures: list | None = None
+
+    @property
+    def figures(self) -> list:
+        if self._figures is None:
+            self._figures = numbers(self.text)
+        return self._figures
 
 
 @dataclass
@@ -181,16 +188,23 @@ def is_figure(text: str, fig: Figure) -> bool:
     return fig.decimals > 0 or "," in token or "e" in token or fig.value >= 100
 
 
-def matches(fig: Figure, haystack: list[Figure]) -> bool:
+class Haystack:
+    """Numbers to find a prose figure among: as printed, or rounded to the digits the prose keeps."""
+
+    def __init__(self, figures: list[Figure]):
+        self.rounded: list[set[float]] = [set() for _ in range(13)]
+        self.exact = {abs(f.value) for f in figures}
+        for f in figures:
+            for decimals in range(min(f.decimals, 12) + 1):
+                self.rounded[decimals].add(round(abs(f.value), decimals))
+
+    def __contains__(self, fig: Figure) -> bool:
+        return abs(fig.value) in self.exact or round(abs(fig.value), min(fig.decimals, 12)) in self.rounded[min(fig.decimals, 12)]
+
+
+def matches(fig: Figure, haystack: "Haystack | list[Figure]") -> bool:
     """`fig` as printed, or rounded to the digits the prose keeps."""
-    for other in haystack:
-        if abs(other.value) == abs(fig.value):
-            return True
-        if other.decimals > fig.decimals and round(abs(other.value), fig.decimals) == abs(fig.value):
-            return True
-        if fig.value and abs(abs(other.value) - abs(fig.value)) / abs(fig.value) < 1e-9:
-            return True
-    return False
+    return fig in (haystack if isinstance(haystack, Haystack) else Haystack(haystack))
 
 
 # ----- prose -----
@@ -254,8 +268,13 @@ class Context:
     notebooks: dict[str, Notebook]
     sources: list[str]
     definitions: list[str]
-    gpu: list[Figure]
+    gpu: "Haystack"
     used: set[str] = field(default_factory=set)
+    source_pattern: re.Pattern | None = None
+
+    def __post_init__(self) -> None:
+        names = sorted(self.sources, key=len, reverse=True)
+        self.source_pattern = re.compile(r"(?<![\w])(?:" + "|".join(map(re.escape, names)) + r")(?![\w])", re.I)
 
 
 def source_names(root: pathlib.Path) -> list[str]:
@@ -297,12 +316,12 @@ def gpu_figures(root: pathlib.Path) -> list[Figure]:
             if (run / record).exists():
                 found += numbers((run / record).read_text())
         for path in sorted((run / "notebooks").glob("*.ipynb")):
-            found += [f for c in load_notebook(path).cells for f in numbers(c.text)]
+            found += [f for c in load_notebook(path).cells for f in c.figures]
     return found
 
 
 def context(root: pathlib.Path = ROOT) -> Context:
-    return Context(root, notebooks(root), source_names(root), definitions(root), gpu_figures(root))
+    return Context(root, notebooks(root), source_names(root), definitions(root), Haystack(gpu_figures(root)))
 
 
 def _defined(scope: str, fig: Figure, phrases: list[str], used: set[str]) -> bool:
@@ -329,6 +348,8 @@ def check_text(text: str, where: str, ctx: Context, own: Notebook | None = None,
     header: dict | None = None
     for line, block in blocks(clean):
         for m in CELL_NUMBER.finditer(block):
+            if re.search(r"run\d+ (\d\d )?$", block[:m.start()]):
+                continue  # a cell of a GPU run's executed notebook: a record, whose cells never move
             problems.append(f"{where}:{line + 1}: '{m.group(0)}': a cell number moves when a cell is added; "
                             "cite the section (NN § Heading)")
         is_row = block.lstrip().startswith("|")
@@ -340,9 +361,8 @@ def check_text(text: str, where: str, ctx: Context, own: Notebook | None = None,
             header = block_cites  # a table's first row: its citations stand for every row
         for offset, scope in scopes(block):
             cites = _citations(scope, ctx, own)
-            for fallback in (block_cites, header if is_row else None):
-                if not _cites_anything(cites) and fallback is not None:
-                    cites = fallback
+            if not _cites_anything(cites):  # a cell citing nothing: its row's and its header's; a sentence: its paragraph's
+                cites = _merged(block_cites, header) if is_row and header is not block_cites else block_cites
             scope = re.sub(r"Time: about \d+ minutes", lambda m: " " * len(m.group(0)), scope)
             for m in ARITHMETIC.finditer(scope):  # a product worked out in the text: checked here
                 *factors, result = (int(n.replace(",", "")) for n in re.findall(r"\d[\d,]*", m.group(0)))
@@ -357,9 +377,9 @@ def check_text(text: str, where: str, ctx: Context, own: Notebook | None = None,
                 if (cites["gpu"] or gpu) and matches(fig, ctx.gpu):
                     continue
                 sections = cites["sections"] + ([own.cells] if own is not None else [])
-                if matches(fig, [f for cells in sections for c in cells if c.compared for f in numbers(c.text)]):
+                if matches(fig, [f for cells in sections for c in cells if c.compared for f in c.figures]):
                     continue
-                loose = [f for cells in sections for c in cells if not c.compared for f in numbers(c.text)]
+                loose = [f for cells in sections for c in cells if not c.compared for f in c.figures]
                 snippet = re.sub(r"\s+", " ", scope.strip())[:90]
                 if matches(fig, loose):
                     why = ("is printed only by cells whose output changes run to run (not nbval-check-output): "
@@ -371,6 +391,11 @@ def check_text(text: str, where: str, ctx: Context, own: Notebook | None = None,
                            "in docs/SOURCES.md, or list it as a definition in docs/NOTEBOOKS.md")
                 problems.append(f"{where}:{line + 1}: '{fig.token}' {why}: \"{snippet}\"")
     return problems
+
+
+def _merged(a: dict, b: dict) -> dict:
+    return {"sections": a["sections"] + b["sections"], "reference": a["reference"] or b["reference"],
+            "gpu": a["gpu"] or b["gpu"], "dated": a["dated"] or b["dated"], "errors": []}
 
 
 def _cites_anything(cites: dict) -> bool:
@@ -392,7 +417,7 @@ def _citations(scope: str, ctx: Context, own: Notebook | None) -> dict:
         else:
             sections.append(cells)
     flat = re.sub(r"\s+", " ", scope)
-    reference = any(re.search(rf"(?<![\w]){re.escape(name)}(?![\w])", flat, re.I) for name in ctx.sources)
+    reference = bool(ctx.source_pattern.search(flat))
     dated = bool(re.search(r"\b[Mm]easured\b[^.;]*?\b20\d\d-\d\d-\d\d\b", flat))
     return {"sections": sections, "reference": reference, "gpu": "H200" in flat, "dated": dated, "errors": errors}
 
