@@ -24,6 +24,7 @@ it), and bare integers under 100 without a unit (settings and counts the sentenc
 "cell N" is refused everywhere: cite a section, which survives cells added above it.
 
     python scripts/prose_figures.py            # list every figure that is not tied, exit 1 if any
+    python scripts/prose_figures.py --explain  # also say how each tied figure is tied
 """
 
 from __future__ import annotations
@@ -269,6 +270,7 @@ class Context:
     sources: list[str]
     definitions: list[str]
     gpu: "Haystack"
+    gpu_runs: dict = field(default_factory=dict)  # run name -> its Haystack: a sentence naming `run2` is held to run2's
     used: set[str] = field(default_factory=set)
     source_pattern: re.Pattern | None = None
 
@@ -295,11 +297,14 @@ def definitions(root: pathlib.Path) -> list[str]:
     return [re.split(r"\s{2,}", line.strip())[0] for line in (m.group(1) if m else "").splitlines() if line.strip()]
 
 
-def gpu_figures(root: pathlib.Path) -> list[Figure]:
-    """Every number the GPU reference's runs recorded: summary.json, log.txt, executed notebooks."""
-    found: list[Figure] = []
+def gpu_figures(root: pathlib.Path) -> dict[str, list[Figure]]:
+    """Per GPU run (`run1`, ...), every number it recorded: summary.json, log.txt, reread.txt (its
+    offline re-read), the executed notebooks."""
+    found: dict[str, list[Figure]] = {}
     for run in sorted((root / "docs" / "gpu-reference").glob("run*")):
-        def walk(value):
+        figures: list[Figure] = []
+
+        def walk(value) -> None:
             if isinstance(value, dict):
                 for v in value.values():
                     walk(v)
@@ -309,19 +314,23 @@ def gpu_figures(root: pathlib.Path) -> list[Figure]:
             elif isinstance(value, (int, float)) and not isinstance(value, bool):
                 # as recorded, a fraction as %, seconds as ms, bytes as GB, GiB, MiB
                 for v in {value, value * 100, value * 1000, value / 1e9, value / 2**30, value / 2**20}:
-                    found.append(Figure(str(v), float(v), 12, 0, 0))
+                    figures.append(Figure(str(v), float(v), 12, 0, 0))
         if (run / "summary.json").exists():
             walk(json.loads((run / "summary.json").read_text()))
-        for record in ("log.txt", "reread.txt"):  # the check's log; scripts/gpu_reread.py's re-read of it
+        for record in ("log.txt", "reread.txt"):
             if (run / record).exists():
-                found += numbers((run / record).read_text())
+                figures += numbers((run / record).read_text())
         for path in sorted((run / "notebooks").glob("*.ipynb")):
-            found += [f for c in load_notebook(path).cells for f in c.figures]
+            figures += [f for c in load_notebook(path).cells for f in c.figures]
+        found[run.name] = figures
     return found
 
 
 def context(root: pathlib.Path = ROOT) -> Context:
-    return Context(root, notebooks(root), source_names(root), definitions(root), Haystack(gpu_figures(root)))
+    runs = gpu_figures(root)
+    return Context(root, notebooks(root), source_names(root), definitions(root),
+                   Haystack([f for figures in runs.values() for f in figures]),
+                   {name: Haystack(figures) for name, figures in runs.items()})
 
 
 def _defined(scope: str, fig: Figure, phrases: list[str], used: set[str]) -> bool:
@@ -337,10 +346,12 @@ def _defined(scope: str, fig: Figure, phrases: list[str], used: set[str]) -> boo
     return False
 
 
-def check_text(text: str, where: str, ctx: Context, own: Notebook | None = None, gpu: bool = False) -> list[str]:
+def check_text(text: str, where: str, ctx: Context, own: Notebook | None = None, gpu: bool = False,
+               explain: list[str] | None = None) -> list[str]:
     """Each figure in `text` (a document or a markdown cell) that is not tied to its source.
     `own`: the notebook whose markdown this is (its compared outputs are always cited); `gpu`: a
-    page about the GPU reference (its records are always cited)."""
+    page about the GPU reference (its records are always cited); `explain`: gets a line per figure
+    saying how it was tied."""
     problems = []
     text = BLOCK.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
     text = FIGURE_SPAN.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
@@ -370,14 +381,21 @@ def check_text(text: str, where: str, ctx: Context, own: Notebook | None = None,
                     problems.append(f"{where}:{line + 1}: '{m.group(0)}' is wrong: the product is {math.prod(factors):,}")
             scope = ARITHMETIC.sub(lambda m: " " * len(m.group(0)), scope)
             for fig in numbers(scope):
-                if not is_figure(scope, fig) or _defined(scope, fig, ctx.definitions, ctx.used):
-                    continue
-                if cites["reference"] or cites["dated"]:
-                    continue
-                if (cites["gpu"] or gpu) and matches(fig, ctx.gpu):
+                how = None
+                if not is_figure(scope, fig):
                     continue
                 sections = cites["sections"] + ([own.cells] if own is not None else [])
-                if matches(fig, [f for cells in sections for c in cells if c.compared for f in c.figures]):
+                if _defined(scope, fig, ctx.definitions, ctx.used):
+                    how = "a definition"
+                elif cites["reference"] or cites["dated"]:
+                    how = "a reference" if cites["reference"] else "dated"
+                elif (cites["gpu"] or gpu) and matches(fig, _gpu_haystack(scope, ctx)):
+                    how = "the H200's records"
+                elif matches(fig, [f for cells in sections for c in cells if c.compared for f in c.figures]):
+                    how = "a cited compared output"
+                if how:
+                    if explain is not None:
+                        explain.append(f"{where}:{line + 1}: {fig.token}: {how}: {re.sub(chr(10) + ' *', ' ', scope.strip())[:110]}")
                     continue
                 loose = [f for cells in sections for c in cells if not c.compared for f in c.figures]
                 snippet = re.sub(r"\s+", " ", scope.strip())[:90]
@@ -391,6 +409,19 @@ def check_text(text: str, where: str, ctx: Context, own: Notebook | None = None,
                            "in docs/SOURCES.md, or list it as a definition in docs/NOTEBOOKS.md")
                 problems.append(f"{where}:{line + 1}: '{fig.token}' {why}: \"{snippet}\"")
     return problems
+
+
+def _gpu_haystack(scope: str, ctx: Context) -> "Haystack":
+    """The records of the GPU runs the text names (`run1 01`), else of them all."""
+    named = [ctx.gpu_runs[f"run{n}"] for n in re.findall(r"\brun(\d+)\b", scope) if f"run{n}" in ctx.gpu_runs]
+    if not named:
+        return ctx.gpu
+    haystack = Haystack([])
+    for h in named:
+        haystack.exact |= h.exact
+        for mine, theirs in zip(haystack.rounded, h.rounded):
+            mine |= theirs
+    return haystack
 
 
 def _merged(a: dict, b: dict) -> dict:
@@ -427,23 +458,27 @@ def documents(root: pathlib.Path = ROOT) -> list[pathlib.Path]:
     return [p for p in paths if str(p.relative_to(root)) not in GENERATED_WHOLE]
 
 
-def check(root: pathlib.Path = ROOT) -> list[str]:
+def check(root: pathlib.Path = ROOT, explain: list[str] | None = None) -> list[str]:
     """Every untied figure and stale reference in the course's prose, one line each."""
     ctx = context(root)
     problems = []
     for path in documents(root):
         where = str(path.relative_to(root))
-        problems += check_text(path.read_text(), where, ctx, gpu=where.startswith("docs/gpu-reference/"))
+        problems += check_text(path.read_text(), where, ctx, gpu=where.startswith("docs/gpu-reference/"), explain=explain)
     for nb in ctx.notebooks.values():
         for cell_id, markdown in nb.prose:
-            problems += check_text(markdown, f"{nb.path.relative_to(root)} (cell id {cell_id})", ctx, own=nb)
+            problems += check_text(markdown, f"{nb.path.relative_to(root)} (cell id {cell_id})", ctx, own=nb,
+                                   explain=explain)
     problems += [f"docs/NOTEBOOKS.md: the definition '{d}' is used nowhere: remove it" for d in ctx.definitions
                  if d not in ctx.used]
     return problems
 
 
-def main() -> int:
-    problems = check()
+def main(argv: list[str] | None = None) -> int:
+    explain: list[str] | None = [] if "--explain" in (sys.argv[1:] if argv is None else argv) else None
+    problems = check(explain=explain)
+    for line in explain or []:
+        print(line)
     for line in problems:
         print(line)
     print(f"{len(problems)} figure(s) not tied to their source" if problems else "every figure is tied to its source")
