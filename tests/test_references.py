@@ -7,6 +7,8 @@ import json
 import pathlib
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -62,8 +64,12 @@ def test_a_figure_the_cited_section_prints_passes_and_a_stale_one_fails(tmp_path
     assert problem.startswith("README.md:1: '0.67' is not in what it cites")
 
 
-def test_a_stale_figure_planted_in_the_real_readme_fails():
-    ctx = prose_figures.context(ROOT)
+@pytest.fixture(scope="module")
+def ctx():
+    return prose_figures.context(ROOT)
+
+
+def test_a_stale_figure_planted_in_the_real_readme_fails(ctx):
     readme = (ROOT / "README.md").read_text()
     assert "0.7507" in readme, "README quotes 01's exact saved-activation ratio; this test plants a stale copy of it"
     assert prose_figures.check_text(readme, "README.md", ctx) == []
@@ -124,3 +130,11 @@ def test_the_header_minutes_years_versions_and_names_are_not_figures():
     text = "0.75x, x1.36, 25%, 3.8 s, 12,288 parameters, 9.85e-07, 22.7M"
     assert [f.token for f in prose_figures.numbers(text) if prose_figures.is_figure(text, f)] == \
         ["0.75x", "x1.36", "25%", "3.8", "12,288", "9.85e-07", "22.7M"]
+
+
+def test_an_h200_figure_is_held_to_the_run_its_sentence_names(ctx):
+    """run2's SDPA step against run1's baseline passed while any run's records counted."""
+    assert prose_figures.check_text("[H200] SDPA: 203.5 vs 242.4 ms a step (run2 08).", "x.md", ctx) == []
+    [problem] = prose_figures.check_text("[H200] SDPA: 203.5 vs 241.7 ms a step (run2 08).", "x.md", ctx)
+    assert "'241.7' is not in what it cites (the H200's records)" in problem
+    assert prose_figures.check_text("[H200] a step took 241.7 ms (run1 08).", "x.md", ctx) == []
