@@ -1,30 +1,27 @@
 """Every figure in prose tied to its source: README.md, docs/*.md and the notebooks' markdown.
 
-A number a learner reads is one of (docs/NOTEBOOKS.md, "Figures in prose"):
+The rules are docs/NOTEBOOKS.md's "Figures in prose". A number a reader meets is one of:
 
-- **generated**: between `<!-- figure NN § Heading | regex -->` and `<!-- /figure -->`, rewritten by
-  `scripts/course_facts.py` from the committed notebook's outputs in that section (the regex's first
-  group); also the `<!-- course-facts: ... -->` tables and docs/SUMMARY.md (generated whole).
-- **cited**: its sentence (or table cell; else its paragraph) cites `NN § Heading` (a notebook's
-  section: `NN` is `00`-`11` or `room`); the number must be printed by a cell of that section whose
-  output nbval compares (`nbval-check-output`), so a re-execution cannot change it unseen. In a
-  notebook's markdown the notebook's own compared outputs are always cited.
-- **the GPU reference**: its sentence names the `H200`; the number must be in that check's records
-  (`docs/gpu-reference/run*/`: summary.json, log.txt, the executed notebooks' outputs, and
-  reread.txt, `scripts/gpu_reread.py`'s offline re-read of them).
-- **a reference**: its sentence names a source by its short name in docs/SOURCES.md (seed 000, a
-  paper, a guide) or a data sheet: a figure quoted from elsewhere, not measured here.
-- **a definition**: it lies in a phrase listed in the ```definitions block of docs/NOTEBOOKS.md
-  (a format's limit, a default, a preset's shape, a limit the project sets).
+- **generated**: between `<!-- figure NN § Heading | regex -->` and `<!-- /figure -->` (written by
+  `scripts/course_facts.py` from the committed notebook's outputs), in a `<!-- course-facts: ... -->`
+  table, or in docs/SUMMARY.md (generated whole): not checked here;
+- **cited**: its sentence (a table's cell; else its paragraph, else the table's header row) cites
+  `NN § Heading`, and a cell of that section tagged `nbval-check-output` prints it (as written, or
+  rounded to the prose's digits): nbval holds those outputs, so a re-execution cannot change it
+  unseen. A notebook's markdown always cites its own compared outputs;
+- **the GPU reference**: its sentence names the `H200` and the number is in that check's records
+  (`docs/gpu-reference/run*/`; only the runs the sentence names, if it names any);
+- **a reference**: its sentence names a docs/SOURCES.md source, a data sheet or a model card;
+- **dated**: its sentence says "measured YYYY-MM-DD" (a one-off no notebook repeats);
+- **a definition**: it lies in a phrase of docs/NOTEBOOKS.md's ```definitions block.
 
-Not figures (never checked): code (fenced blocks, `inline code`), link targets, versions, dates,
-years, issue and arXiv numbers, section signs (§4.1), the seeds' numbers, hyphenated words
-(8-bit, 2-core), shapes (8x8), the header's "Time: about N minutes" (tests/test_course.py checks
-it), and bare integers under 100 without a unit (settings and counts the sentence names).
-"cell N" is refused everywhere: cite a section, which survives cells added above it.
+Not figures: code, link targets, versions, dates, years, §4.1, issue and arXiv numbers, the seeds'
+names, hyphenated words (8-bit), shapes (8x8), the header's "Time: about N minutes"
+(tests/test_course.py), products worked out in the text (checked here), bare integers under 100
+without a unit. "cell N" is refused (but for a GPU run's record: `run1 01 cell 26`).
 
-    python scripts/prose_figures.py            # list every figure that is not tied, exit 1 if any
-    python scripts/prose_figures.py --explain  # also say how each tied figure is tied
+    python scripts/prose_figures.py            # every figure not tied to its source; exit 1 if any
+    python scripts/prose_figures.py --explain  # also how each tied figure is tied
 """
 
 from __future__ import annotations
@@ -204,7 +201,7 @@ class Haystack:
 
 
 def matches(fig: Figure, haystack: "Haystack | list[Figure]") -> bool:
-    """`fig` as printed, or rounded to the digits the prose keeps."""
+    """`fig` as printed, or rounded to the digits the prose keeps (a list is made a Haystack)."""
     return fig in (haystack if isinstance(haystack, Haystack) else Haystack(haystack))
 
 
