@@ -15,6 +15,12 @@ The tables sit between markers in the two documents and are rewritten here, neve
     python scripts/course_facts.py            # rewrite the tables
     python scripts/course_facts.py --check    # exit 1 naming every stale table (tests/test_course_facts.py)
 
+Single figures in prose are generated the same way, from the committed notebooks' outputs
+(docs/NOTEBOOKS.md, "Figures in prose"): `<!-- figure NN § Heading | regex -->VALUE<!-- /figure -->`
+in README.md or docs/*.md gets VALUE from the first output in that section of notebook NN that the
+regex matches (its first group, else the whole match). A timing the next run changes is quoted this
+way or not at all; `scripts/prose_figures.py` checks every other figure against its source.
+
 The three-hour path (docs/WORKSHOP.md) is laid out here too: a welcome, the notebooks in course
 order while their learner minutes fit, a break, a wrap-up; the notebooks that do not fit are
 listed as the part of the course left for after the workshop. It fits by construction, so a
@@ -27,6 +33,7 @@ import argparse
 import importlib.util
 import json
 import pathlib
+import re
 import sys
 
 from workbench.core.atomic_write import write_whole
@@ -41,9 +48,18 @@ WORKSHOP_MINUTES = 180
 WELCOME, BREAK, WRAP_UP = 10, 10, 5
 BREAK_AFTER = 75  # minutes into the day: the break comes before the first notebook that starts later
 
-_spec = importlib.util.spec_from_file_location("course_words", ROOT / "scripts" / "course_words.py")
-course_words = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(course_words)
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(name, module)  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+course_words = _script("course_words")
+prose_figures = _script("prose_figures")
 
 
 def notebooks(folder: pathlib.Path = ROOT / "notebooks") -> list[pathlib.Path]:
@@ -168,8 +184,70 @@ def room_size(paths: list[pathlib.Path], results: pathlib.Path = RESULTS) -> str
     return "\n".join(lines)
 
 
+CITE = re.compile(r"(?P<nb>\d\d|room) § (?P<heading>.+)")
+
+
+def fill_figures(text: str, where: str, notebooks: dict) -> str:
+    """Every `<!-- figure NN § Heading | regex -->VALUE<!-- /figure -->` in `text` with VALUE read
+    from the committed notebook's outputs in that section (the first match, in cell order)."""
+    def one(m: re.Match) -> str:
+        cite, pattern = m.group("cite").strip(), m.group("pattern")
+        parsed = CITE.fullmatch(cite)
+        nb = notebooks.get(parsed["nb"]) if parsed else None
+        if nb is None:
+            raise SystemExit(f"{where}: figure '{cite}': write it 'NN § Heading', NN a notebook's number (or room)")
+        cells = prose_figures.section(nb, parsed["heading"])
+        if isinstance(cells, str):
+            raise SystemExit(f"{where}: figure '{cite}': {cells}")
+        for cell in cells:
+            found = re.search(pattern, cell.text)
+            if found:
+                value = found.group(1) if found.groups() else found.group(0)
+                return f"<!-- figure {cite} | {pattern} -->{value}<!-- /figure -->"
+        raise SystemExit(f"{where}: figure '{cite}': no output in that section matches /{pattern}/ "
+                         f"(re-executed with other words? fix the pattern)")
+    return prose_figures.FIGURE_SPAN.sub(one, text)
+
+
+def prose_documents(root: pathlib.Path) -> list[str]:
+    """The documents whose single figures are generated (docs/SUMMARY.md is generated whole)."""
+    return [str(p.relative_to(root)) for p in prose_figures.documents(root)]
+
+
+def presets_table(paths: list[pathlib.Path], results: pathlib.Path = RESULTS) -> str:
+    """README's table of the three presets' shapes and steps, from workbench/core/presets.py."""
+    from workbench.core.presets import PRESETS
+
+    lines = ["| preset | MLP widths, batch | GPT layers x width, seq x batch | steps (emulated 16-bit arms) |",
+             "|---|---|---|---|"]
+    for name, p in PRESETS.items():
+        gpt, sized = p.dims["gpt"], " (sized to the card, below)" if name == "gpu" else ""
+        emulated = f" ({p.reduced_precision_steps_on_emulated_cpu})" if p.reduced_precision_steps_on_emulated_cpu else ""
+        lines.append(f"| `{name}` | {'-'.join(map(str, p.dims['mlp']['hidden']))}, {p.batch_size['mlp']} "
+                     f"| {gpt['n_layer']} x {gpt['d_model']}, {p.seq_len['gpt']} x {p.batch_size['gpt']}{sized} "
+                     f"| {p.steps}{emulated} |")
+    return "\n".join(lines)
+
+
+def card_sizes(paths: list[pathlib.Path], results: pathlib.Path = RESULTS) -> str:
+    """README's table of the gpu preset's GPT shape per card class, from workbench/core/presets.py."""
+    from workbench.core.presets import CARD_HEADROOM, GPU_CARDS, UNKNOWN_CARD_GIB
+
+    lines = ["| card memory (nvidia-smi) | GPT seq x batch |", "|---|---|"]
+    for i, card in enumerate(GPU_CARDS):
+        upper = f" to {GPU_CARDS[i + 1].min_gib:g} GiB" if i + 1 < len(GPU_CARDS) else " and more"
+        unknown = " (and a card whose memory cannot be read)" if card.min_gib == UNKNOWN_CARD_GIB else ""
+        lines.append(f"| {card.min_gib:g} GiB{upper}{unknown} | {card.gpt_seq_len} x {card.gpt_batch} |")
+    lines += ["", f"Each notebook's largest run replays under {CARD_HEADROOM:.0%} of the smallest card of its class; "
+              f"the largest class keeps batch {GPU_CARDS[-1].gpt_batch}, the batch the notebooks' claims were "
+              "checked at on an H200 (larger batches were not checked)."]
+    return "\n".join(lines)
+
+
 BLOCKS = {  # (document, block name) -> what writes it
     ("README.md", "run-all-times"): run_all_times,
+    ("README.md", "presets"): presets_table,
+    ("README.md", "card-sizes"): card_sizes,
     ("docs/WORKSHOP.md", "workshop-path"): workshop_path,
     ("docs/WORKSHOP.md", "room-size"): room_size,
 }
@@ -198,6 +276,15 @@ def stale(root: pathlib.Path = ROOT, *, write: bool = False) -> list[str]:
         if new != text:
             found.append(f"{document}: the '{name}' table is stale")
         texts[document] = new
+    executed = prose_figures.notebooks(root)
+    for document in prose_documents(root):
+        text = texts.get(document) or (root / document).read_text()
+        new = fill_figures(text, document, executed)
+        if new != text:
+            stale_spans = sum(a != b for a, b in zip(prose_figures.FIGURE_SPAN.findall(text),
+                                                      prose_figures.FIGURE_SPAN.findall(new)))
+            found.append(f"{document}: {stale_spans} generated figure(s) are stale")
+            texts[document] = new
     if write:  # whole or not at all: a full disk must not cut README's hand-written text short
         for document, text in texts.items():
             try:

@@ -4,7 +4,9 @@ Each notebook ends its core path with a cell tagged `claims` whose last expressi
 `wb.claims(notebook, device, rows)`. This reads that cell's saved output in the committed
 notebooks (`notebooks/`, the CPU run their outputs come from) and in the GPU reference
 (`docs/gpu-reference/run*/notebooks/`, the latest run that executed a notebook), and writes the
-tables, with a count of the verdicts, to docs/SUMMARY.md. Nothing is typed by hand, so the page
+tables, with a count of the verdicts, to docs/SUMMARY.md. Where a GPU run has no claims table (its
+notebooks predate the claims cells), the figures `scripts/gpu_check.py` recorded for that notebook in
+`run*/summary.json` are listed instead, as recorded: no verdict is made up for them. Nothing is typed by hand, so the page
 cannot quote an older run than the notebooks hold; `tests/test_summary.py` fails when the
 committed page differs from what this makes.
 
@@ -112,6 +114,71 @@ def gpu_reference(root: pathlib.Path) -> dict[str, pathlib.Path]:
     return latest
 
 
+def gpu_records(root: pathlib.Path) -> dict[str, list[tuple[str, dict, dict]]]:
+    """Per notebook name, (run folder, its entry, the machine) from every GPU run's summary.json
+    that recorded it, the latest run first (scripts/gpu_check.py's format)."""
+    found: dict[str, list[tuple[str, dict, dict]]] = {}
+    runs = sorted((root / "docs" / "gpu-reference").glob("run*/summary.json"),
+                  key=lambda p: int(re.sub(r"\D", "", p.parent.name) or 0), reverse=True)
+    for path in runs:
+        record = json.loads(path.read_text())
+        for name, entry in record.get("notebooks", {}).items():
+            found.setdefault(name, []).append((path.parent.name, entry, record.get("machine", {})))
+    return found
+
+
+def _number(value) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    return f"{value:,}" if isinstance(value, int) else f"{value:.4g}"
+
+
+def _flat(value) -> str:
+    """A recorded figure in one line: numbers as `_number` writes them, nested records in brackets."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k} ({_flat(v)})" if isinstance(v, dict) else f"{k} {_flat(v)}"
+                         for k, v in value.items() if v is not None)
+    if isinstance(value, list):
+        return " ".join(f"[{_flat(v)}]" for v in value)
+    return _number(value)
+
+
+def _recorded(name: str, records: list[tuple[str, dict, dict]]) -> list[str]:
+    """What the GPU check recorded for one notebook, run by run: no claims table, so no verdicts."""
+    lines = []
+    for run, entry, machine in records:
+        where = f"docs/gpu-reference/{run}/summary.json"
+        status = entry.get("status", "?") + (f" ({entry['error']})" if entry.get("error") else "")
+        lines += [f"**GPU reference, recorded** (`{where}`, {machine.get('gpu', 'GPU')}, torch {machine.get('torch', '?')}; "
+                  f"no claims cell in that run, so no verdicts): {status}, {_number(entry.get('seconds'))} s.", ""]
+        claims = entry.get("claims") or {}
+        runs, seen = [], set()
+        for r in claims.get("runs", []):
+            if r["name"] not in seen:
+                seen.add(r["name"])
+                runs.append(r)
+        if runs:
+            lines += ["| run | precision | batch x accum | steps | ms / step | samples / s | peak (GiB) | MFU |",
+                      "|---|---|---|---:|---:|---:|---:|---:|"]
+            for r in runs:
+                ms = f"{r['step_time_s'] * 1000:.1f}" if r.get("step_time_s") else "-"
+                sps = f"{r['samples_per_sec']:,.0f}" if r.get("samples_per_sec") else "-"
+                peak = f"{r['peak_bytes'] / 2**30:.2f}" if r.get("peak_bytes") else "-"
+                mfu = f"{r['mfu']:.3f}" if r.get("mfu") is not None else "-"
+                lines.append(f"| {_cell(r['name'])} | {r.get('precision')} | {r.get('batch_size')} x {r.get('grad_accum_steps')} "
+                             f"| {r.get('steps')} | {ms} | {sps} | {peak} | {mfu} |")
+            lines.append("")
+        figures = {k: v for k, v in claims.items() if k != "runs"}
+        if figures:
+            lines.append("Figures the check computed: " + "; ".join(f"`{k}` {_cell(_flat(v))}" for k, v in figures.items()) + ".")
+            lines.append("")
+        for skipped in entry.get("skipped", []):
+            lines += [f"- {_cell(skipped)}"]
+        if entry.get("skipped"):
+            lines.append("")
+    return lines
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
@@ -131,7 +198,7 @@ def _section(label: str, where: str, found: Table | str) -> list[str]:
 
 def render(root: pathlib.Path = ROOT) -> str:
     notebooks = sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-    gpu = gpu_reference(root)
+    gpu, recorded = gpu_reference(root), gpu_records(root)
     found = {p.stem: (claims_of(p), claims_of(gpu[p.stem]) if p.stem in gpu else None) for p in notebooks}
     tally = {"here": dict.fromkeys(VERDICTS, 0), "GPU reference": dict.fromkeys(VERDICTS, 0)}
     for here, there in found.values():
@@ -148,21 +215,34 @@ def render(root: pathlib.Path = ROOT) -> str:
         "Each notebook checks the claims its technique is known for against what it measured, in a cell",
         "tagged `claims` (`wb.claims(...)`). This page is those tables, read from the **committed, executed",
         "notebooks**: `notebooks/` (the CPU run their saved outputs come from: the `cpu-quick` preset on",
-        "the project's 2-core CPU) and `docs/gpu-reference/run*/notebooks/` (one NVIDIA H200, preset `gpu`,",
-        "steps capped; the latest run that executed the notebook). Regenerate it after re-executing a",
-        "notebook: `python scripts/summary.py` (`tests/test_summary.py` fails while it is stale).",
+        "the project's 2-core CPU) and `docs/gpu-reference/run*/` (the GPU check, `scripts/gpu_check.py`;",
+        "the latest run that executed the notebook). A GPU run whose notebooks have no claims cell gives no",
+        "verdicts: what it recorded in its `summary.json` is listed instead, as recorded, and",
+        "[gpu-reference/README.md](gpu-reference/README.md) says from which commit it is. Regenerate this",
+        "page after re-executing a notebook: `python scripts/summary.py` (`tests/test_summary.py` fails",
+        "while it is stale).",
         "Which technique to reach for, and what goes wrong with each: [DECIDE.md](DECIDE.md).",
         "",
         "| verdicts | " + " | ".join(VERDICTS) + " |",
         "|---|" + "---:|" * len(VERDICTS),
     ]
+    gpu_tables = any(isinstance(there, Table) for _, there in found.values())
     for machine, counts in tally.items():
-        lines.append(f"| {machine} | " + " | ".join(str(counts[v]) for v in VERDICTS) + " |")
+        if machine == "here" or gpu_tables:
+            lines.append(f"| {machine} | " + " | ".join(str(counts[v]) for v in VERDICTS) + " |")
     lines.append("")
+    if not gpu_tables:
+        lines += ["No verdicts from a GPU yet: no GPU run here has a notebook with a claims table. "
+                  + (f"The GPU check's records ({len(recorded)} notebooks) are listed per notebook below."
+                     if recorded else "No GPU run is recorded here."), ""]
     for name, (here, there) in found.items():
         lines += [f"## {name}", ""]
         lines += _section("Here", f"notebooks/{name}.ipynb", here)
-        if there is None:
+        if isinstance(there, Table):
+            lines += _section("GPU reference", str(gpu[name].relative_to(root)), there)
+        elif name in recorded:
+            lines += _recorded(name, recorded[name])
+        elif there is None:
             lines += ["**GPU reference**: not run on the GPU reference yet.", ""]
         else:
             lines += _section("GPU reference", str(gpu[name].relative_to(root)), there)

@@ -1239,7 +1239,7 @@ def test_course_facts_whose_write_fails_leave_readme_and_workshop_as_they_were(t
     import shutil
 
     root = pathlib.Path(__file__).resolve().parent.parent
-    folder = _copy_of_the_course(tmp_path, "course_facts.py", "course_words.py")
+    folder = _copy_of_the_course(tmp_path, "course_facts.py", "course_words.py", "prose_figures.py")
     for name in ("notebooks", "benchmarks/results"):
         shutil.copytree(root / name, folder / name, dirs_exist_ok=True)
     (folder / "docs").mkdir()

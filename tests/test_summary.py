@@ -67,3 +67,24 @@ def test_the_page_holds_both_machines_tables_and_counts_the_verdicts(tmp_path):
     assert "(`docs/gpu-reference/run10/notebooks/01_mixed_precision.ipynb`, 01_mixed_precision on cuda)" in page
     assert "**Here** (`notebooks/02_gradient_accumulation.ipynb`): no cell tagged `claims`." in page
     assert "**GPU reference**: not run on the GPU reference yet." in page
+
+
+def test_a_gpu_run_without_claims_cells_lists_what_it_recorded_and_no_verdicts(tmp_path):
+    """The GPU reference predates the claims cells: its summary.json's figures, as recorded, no made-up verdicts."""
+    (tmp_path / "notebooks").mkdir()
+    _notebook(tmp_path / "notebooks", "01_mixed_precision", str(wb.claims("01_mixed_precision", "cpu", ROWS)))
+    run = tmp_path / "docs" / "gpu-reference" / "run1"
+    (run / "notebooks").mkdir(parents=True)
+    _notebook(run / "notebooks", "01_mixed_precision", None, tagged=False)  # an old notebook: no claims cell
+    fp32 = {"name": "fp32", "precision": "fp32", "batch_size": 32, "grad_accum_steps": 1, "steps": 30,
+            "step_time_s": 0.2395, "samples_per_sec": 133.6, "peak_bytes": 16346823168, "mfu": 0.5793}
+    (run / "summary.json").write_text(json.dumps({
+        "machine": {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130"},
+        "notebooks": {"01_mixed_precision": {"status": "ok", "error": None, "seconds": 29.6, "skipped": [],
+                                             "claims": {"runs": [fp32, fp32], "fp16_speedup_vs_fp32": 3.6371}}}}))
+    page = summary.render(tmp_path)
+    assert "| GPU reference |" not in page and "No verdicts from a GPU yet" in page
+    assert ("**GPU reference, recorded** (`docs/gpu-reference/run1/summary.json`, NVIDIA H200, torch 2.11.0+cu130; "
+            "no claims cell in that run, so no verdicts): ok, 29.6 s.") in page
+    assert "| fp32 | fp32 | 32 x 1 | 30 | 239.5 | 134 | 15.22 | 0.579 |" in page  # once: runs are listed by name
+    assert page.count("| fp32 | fp32 |") == 1 and "`fp16_speedup_vs_fp32` 3.637" in page
