@@ -84,6 +84,7 @@ class Env:
     python: Path
     own: bool  # our .venv (made and owned by the set-up) rather than the user's active environment
     prefix: Path
+    temporary: bool = False  # a dry run's stand-in, removed at its end
 
 
 def venv_python(venv: Path) -> Path:
@@ -141,6 +142,9 @@ def prepare_venv(venv: Path, recreate: bool = False, dry_run: bool = False) -> E
         print(f"install: --dry-run: {venv} left as it is; a temporary one stands in for it")
         venv = Path(tempfile.mkdtemp(prefix="workbench-dry-run-")) / "venv"
         python = venv_python(venv)
+        temporary = True
+    else:
+        temporary = False
     problem = venv_problem()
     if problem:
         raise SetupError(problem)
@@ -151,7 +155,7 @@ def prepare_venv(venv: Path, recreate: bool = False, dry_run: bool = False) -> E
     if made.returncode or not python.exists():
         last = (made.stderr or made.stdout).strip().splitlines()
         raise SetupError(f"`{sys.executable} -m venv {venv}` failed: {last[-1] if last else 'no message'}")
-    return Env(python, True, venv)
+    return Env(python, True, venv, temporary)
 
 
 def find_env(venv: Path, recreate: bool = False, dry_run: bool = False) -> Env:
@@ -301,8 +305,9 @@ def pip(python: Path, *args: str) -> list[str]:
 
 
 def run(command: list[str], dry_run: bool = False) -> int:
+    """Runs it (its output shown as it comes), or with dry_run only says it."""
     shown = " ".join(command[:1] + [c if " " not in c else repr(c) for c in command[1:]])
-    print(f"$ {shown}", flush=True)
+    print(f"{'would run' if dry_run else '$'} {shown}", flush=True)
     return 0 if dry_run else subprocess.run(command).returncode
 
 
@@ -405,6 +410,13 @@ def install(args: argparse.Namespace) -> int:
         return 0
     print(f"install: {args.set} into {env.prefix} (Python {'.'.join(map(str, env_version))}): {'; '.join(why)}")
     remove_leftovers(env, facts, args.dry_run)
+    locked_pip = next((v for n, v in facts["pins"] if n == "pip"), None)
+    if locked_pip and facts["have"].get("pip") != locked_pip and (env.temporary or not args.dry_run):
+        # pip first: the same pip everywhere (Debian 12's venv has 23.0.1, whose --dry-run downloads whole
+        # wheels where pip >= 25 reads their metadata alone), from the wheelhouse when there is one.
+        if run(pip(env.python, "install", *wheelhouse_args(wheelhouse), "--no-deps", f"pip=={locked_pip}")):
+            raise SetupError(f"pip could not install pip=={locked_pip}" +
+                             (f" from WORKBENCH_WHEELHOUSE={wheelhouse}" if wheelhouse else " (its message is above)"))
     torch_pin = None if torch_kept or have_torch == plan.spec.removeprefix("torch==") else Pin("torch", locked_torch)
     if wheelhouse:
         problem = wheelhouse_problem(wheelhouse, facts, torch_pin if plan.spec == f"torch=={locked_torch}" else None)
@@ -418,13 +430,15 @@ def install(args: argparse.Namespace) -> int:
         if torch_kept:
             print(f"install: torch {have_torch} kept (the lock was tested with {locked_torch})")
         elif torch_pin is not None or os.environ.get("TORCH_SPEC"):
-            install_torch(env, plan, rest, source, dry, args.dry_run)
+            install_torch(env, plan, rest, source, args.dry_run)
         # Everything else, exactly as pinned: no resolution (a missing pin fails at once, named), pip's progress shown.
         if run(pip(env.python, "install", *dry, *source, "--no-deps", "-r", str(rest))):
             raise SetupError(f"pip could not install {set_file.relative_to(ROOT)} (its message is above)"
                              + (f"; WORKBENCH_WHEELHOUSE={wheelhouse}" if wheelhouse else ""))
     if args.dry_run:
         print(f"install: --dry-run: pip found every pin of {set_file.relative_to(ROOT)} for this Python; nothing installed")
+        if env.temporary:
+            shutil.rmtree(env.prefix.parent, ignore_errors=True)
         return 0
     if run(pip(env.python, "install", *wheelhouse_args(wheelhouse), "--no-deps", "--no-build-isolation", "-e", str(ROOT))):
         raise SetupError("pip could not install the workbench itself (its message is above)")
@@ -449,7 +463,7 @@ def install_unlocked(env: Env, args: argparse.Namespace) -> int:
     plan.no_deps = False  # unlocked: torch's own requirements resolve too
     dry = ["--dry-run"] if args.dry_run else []
     print(f"install: WORKBENCH_UNLOCKED=1: the newest releases pyproject admits, into {env.prefix}")
-    install_torch(env, plan, None, [], dry, args.dry_run)
+    install_torch(env, plan, None, [], args.dry_run)
     if run(pip(env.python, "install", *dry, "--upgrade", "-e", f"{ROOT}[{EXTRAS[SETS[args.set]]}]")):
         raise SetupError("pip could not install the newest releases (its message is above)")
     return 0
@@ -474,22 +488,23 @@ def remove_leftovers(env: Env, facts: dict, dry_run: bool) -> None:
             raise SetupError(f"pip could not uninstall {', '.join(stale_carriers)} from {env.prefix}")
 
 
-def install_torch(env: Env, plan: TorchPlan, rest: Path | None, source: list[str], dry: list[str],
-                  dry_run: bool) -> None:
+def install_torch(env: Env, plan: TorchPlan, rest: Path | None, source: list[str], dry_run: bool) -> None:
     """torch alone; `rest` (the set's other pins) constrains its requirements where it has any to resolve."""
     locked = ["-c", str(rest)] if rest else []
     deps = ["--no-deps"] if plan.no_deps else locked
     print(f"install: {plan.spec} ({plan.why})")
+    # A dry run only says torch's command: to read a wheel's requirements an older pip fetches the whole
+    # wheel, and the CUDA build's are ~2.7 GB.
     if source:  # a wheelhouse: whatever torch it holds, offline
-        if run(pip(env.python, "install", *dry, *source, *deps, plan.spec)):
+        if run(pip(env.python, "install", *source, *deps, plan.spec), dry_run):
             raise SetupError(f"pip could not install {plan.spec} from {source[-1]} (its message is above)")
         return
     if plan.index:
         unreachable = index_reachable(plan.index) if plan.fallback else None
         if unreachable is None:
             quick = ["--retries", "1", "--timeout", "30"] if plan.fallback else []
-            command = pip(env.python, "install", *dry, *quick, "--index-url", plan.index, *deps, plan.spec)
-            if run(command) == 0:
+            command = pip(env.python, "install", *quick, "--index-url", plan.index, *deps, plan.spec)
+            if run(command, dry_run) == 0:
                 return
             if not plan.fallback:
                 raise SetupError(f"pip could not install {plan.spec} from {plan.index} (its message is above)")
@@ -498,7 +513,7 @@ def install_torch(env: Env, plan: TorchPlan, rest: Path | None, source: list[str
               "pip's own index instead (on Linux, PyPI's is the CUDA build, ~2.7 GB, unless your pip config finds a CPU "
               "wheel); to choose, set TORCH_INDEX_URL (a mirror of the CPU index) and run again")
         deps = locked
-    if run(pip(env.python, "install", *dry, *deps, plan.spec)):
+    if run(pip(env.python, "install", *deps, plan.spec), dry_run):
         raise SetupError(f"pip could not install {plan.spec} (its message is above)")
 
 

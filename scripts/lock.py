@@ -44,8 +44,10 @@ SETS = {"learn": ("lab", "quantization"), "room": ("lab", "quantization", "room"
 EXTRAS = ("lab", "quantization", "test", "room", "dali")
 TORCH = "torch==2.13.0"
 LOWEST_PYTHON = "3.11"
-# The build backend pyproject names: in every set, so the package builds offline (--no-build-isolation).
-BUILD = ["setuptools>=69"]
+# The build backend pyproject names: in every set, so the package builds offline (--no-build-isolation);
+# and pip itself: install.py brings a venv's pip to it first (Debian 12's venv has pip 23.0.1, whose
+# --dry-run downloads whole wheels, torch's CUDA libraries included, where a newer one reads PEP 658 metadata).
+BUILD = ["setuptools>=69", "pip>=25"]
 UV = "uv==0.13.9"  # the resolver `make lock` installs into the environment if it has none
 
 
@@ -87,7 +89,7 @@ def off_the_lock(path: Path = LOCK) -> list[str]:
 
     moved = []
     for name, locked in read_lock(path).items():
-        if name == "setuptools":
+        if name in ("setuptools", "pip"):
             continue
         try:
             have = importlib.metadata.version(name).split("+")[0]
@@ -228,7 +230,7 @@ def check() -> list[str]:
             if pins.get(pin.name) != pin.version:
                 problems.append(f"{path.relative_to(ROOT)}: {pin.name}=={pin.version}, the lock has "
                                 f"{pins.get(pin.name, 'no such pin')}: run make lock")
-        wanted = {_name(Requirement(r).name) for r in _direct(pyproject, extras)} | {"setuptools"}
+        wanted = {_name(Requirement(r).name) for r in _direct(pyproject, extras)} | {"setuptools", "pip"}
         if set_name != "dali" and wanted - names:
             problems.append(f"{path.relative_to(ROOT)} lacks {', '.join(sorted(wanted - names))}: run make lock")
     if ENVIRONMENT.read_text() != environment_text(read_pins(REQUIREMENTS / "test.txt")):
