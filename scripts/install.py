@@ -277,8 +277,8 @@ def torch_plan(locked: str, environ: dict[str, str], system: str, gpu: bool) -> 
     chosen = environ.get("TORCH_INDEX_URL", "").strip()
     if chosen.lower() in ("pip", "default"):
         return TorchPlan(spec, None, system != "Linux", False, "TORCH_INDEX_URL=pip: pip's own index")
-    if chosen:
-        return TorchPlan(spec, chosen, chosen.rstrip("/") == CPU_INDEX, False, f"TORCH_INDEX_URL={chosen}")
+    if chosen:  # a CPU index (PyTorch's or a mirror of it, .../cpu) needs nothing beside torch the lock lacks
+        return TorchPlan(spec, chosen, chosen.rstrip("/").endswith("/cpu"), False, f"TORCH_INDEX_URL={chosen}")
     if system == "Linux" and not gpu:
         return TorchPlan(spec, CPU_INDEX, True, True, "Linux without an NVIDIA GPU: PyTorch's CPU build")
     if system == "Linux":
