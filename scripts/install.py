@@ -118,20 +118,26 @@ def venv_made_by(venv: Path) -> str:
     return f"Python {version} ({values.get('executable') or values.get('home', '?')})"
 
 
+def existing_venv_problem(venv: Path) -> str | None:
+    """Why a virtualenv that is there cannot be used (its interpreter is gone, or too old), or None."""
+    have = env_python_version(venv_python(venv))
+    if have is None:
+        return f"{venv} was made by {venv_made_by(venv)}, whose interpreter no longer runs"
+    if have[:2] < MIN_PYTHON:
+        return f"{venv} has Python {'.'.join(map(str, have))}, older than the workbench needs"
+    return None
+
+
 def prepare_venv(venv: Path, recreate: bool = False, dry_run: bool = False) -> Env:
     """.venv made with this Python, or the one there if it still works with a supported Python."""
     python = venv_python(venv)
     if venv.exists() and not recreate:
-        have = env_python_version(python)
-        if have is None:
-            print(f"install: {venv} was made by {venv_made_by(venv)}, whose interpreter no longer runs: making it "
-                  f"again with Python {sys.version.split()[0]} ({sys.executable})")
-            recreate = True
-        elif have[:2] < MIN_PYTHON:
-            print(f"install: {venv} has Python {'.'.join(map(str, have))}, older than the workbench needs: making it "
-                  f"again with Python {sys.version.split()[0]} ({sys.executable})")
+        problem = existing_venv_problem(venv)
+        if problem:
+            print(f"install: {problem}: making it again with Python {sys.version.split()[0]} ({sys.executable})")
             recreate = True
         else:
+            have = env_python_version(python) or ()
             if have[:2] != tuple(sys.version_info[:2]):
                 print(f"install: using {venv} (Python {'.'.join(map(str, have))}); to make it with this Python "
                       f"{sys.version.split()[0]} instead, run again with --recreate")
@@ -409,6 +415,11 @@ def install(args: argparse.Namespace) -> int:
         print(f"install: {args.set} is installed in {env.prefix} (torch {have_torch}); nothing to do")
         return 0
     print(f"install: {args.set} into {env.prefix} (Python {'.'.join(map(str, env_version))}): {'; '.join(why)}")
+    torch_pin = None if torch_kept or have_torch == plan.spec.removeprefix("torch==") else Pin("torch", locked_torch)
+    if wheelhouse:  # before pip is asked anything: one line naming the folder and the first wheel it lacks
+        problem = wheelhouse_problem(wheelhouse, facts, torch_pin if plan.spec == f"torch=={locked_torch}" else None)
+        if problem:
+            raise SetupError(problem)
     remove_leftovers(env, facts, args.dry_run)
     locked_pip = next((v for n, v in facts["pins"] if n == "pip"), None)
     if locked_pip and facts["have"].get("pip") != locked_pip and (env.temporary or not args.dry_run):
@@ -417,11 +428,6 @@ def install(args: argparse.Namespace) -> int:
         if run(pip(env.python, "install", *wheelhouse_args(wheelhouse), "--no-deps", f"pip=={locked_pip}")):
             raise SetupError(f"pip could not install pip=={locked_pip}" +
                              (f" from WORKBENCH_WHEELHOUSE={wheelhouse}" if wheelhouse else " (its message is above)"))
-    torch_pin = None if torch_kept or have_torch == plan.spec.removeprefix("torch==") else Pin("torch", locked_torch)
-    if wheelhouse:
-        problem = wheelhouse_problem(wheelhouse, facts, torch_pin if plan.spec == f"torch=={locked_torch}" else None)
-        if problem:
-            raise SetupError(problem)
     with tempfile.TemporaryDirectory() as tmp:
         rest = Path(tmp) / f"{SETS[args.set]}-without-torch.txt"
         rest.write_text("".join(p.line() + "\n" for p in pins if p.name != "torch"))
