@@ -289,7 +289,10 @@ def torch_plan(locked: str, environ: dict[str, str], system: str, gpu: bool) -> 
         return TorchPlan(spec, CPU_INDEX, True, True, "Linux without an NVIDIA GPU: PyTorch's CPU build")
     if system == "Linux":
         return TorchPlan(spec, None, False, False, "an NVIDIA GPU (nvidia-smi): pip's default build, CUDA")
-    return TorchPlan(spec, None, True, False, f"{system}: PyPI's torch is its CPU/MPS build")
+    if gpu:  # Windows: PyPI's torch is the CPU build; PyTorch's CUDA indexes have the others
+        return TorchPlan(spec, None, True, False, f"{system}: PyPI's torch is the CPU build although an NVIDIA GPU is "
+                         "here: for CUDA set TORCH_INDEX_URL to the CUDA index pytorch.org names, and run again")
+    return TorchPlan(spec, None, True, False, f"{system}: PyPI's torch is its CPU build")
 
 
 def index_reachable(url: str, timeout: float = 10.0) -> str | None:

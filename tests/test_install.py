@@ -133,3 +133,35 @@ def test_each_set_file_is_what_its_extras_need():
 
     assert install.EXTRAS == {name: ",".join(extras) for name, extras in SETS.items() if name != "dali"}
     assert set(install.SETS.values()) == set(install.EXTRAS)
+
+
+def test_install_learn_open_makes_the_copies_and_starts_jupyterlab(tmp_path):
+    """The no-make path (Windows, a Mac without developer tools): the install (here: nothing to do), the
+    learner's copies in LEARNERS, JupyterLab on them. Skipped where this environment is not installed as
+    the lock says (the command would install: a test must not)."""
+    import signal
+    import time
+
+    facts = install.probe(Path(sys.executable), install.read_pins(ROOT / "requirements" / "learn.txt"))
+    stamp = install.read_stamp(Path(sys.prefix))
+    if not stamp or [n for n, v in facts["pins"] if facts["have"].get(n) != v and n != "torch"]:
+        pytest.skip("this environment is not the lock's (run make setup first)")
+    learners = tmp_path / "learners"
+    log = tmp_path / "log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "install.py"), "learn", "--open"], cwd=ROOT,
+                                env={**os.environ, "LEARNERS": str(learners), "JUPYTER_PORT": "0"}, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            for _ in range(180):
+                if "http://127.0.0.1" in log.read_text() or proc.poll() is not None:
+                    break
+                time.sleep(1)
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=60)
+    text = log.read_text()
+    assert "http://127.0.0.1" in text, text[-3000:]
+    assert "install: learn is installed" in text and f"jupyter lab {learners}/" in text
+    copies = sorted(p.name for p in learners.glob("[0-9][0-9]_*.ipynb"))
+    assert copies == sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
