@@ -376,8 +376,9 @@ def stale(stamp: dict | None, want: Stamp, facts: dict, torch_kept: bool) -> lis
     if stamp.get("set") != want.set and not (stamp.get("set") == "test" and want.set in ("learn", "room")):
         why.append(f"set {want.set} asked, {stamp.get('set')} installed")
     if not torch_kept and stamp.get("torch") != want.torch:
+        had = stamp.get("torch") or {}
         why.append(f"torch asked as {want.torch['spec']} from {want.torch['index'] or 'pip’s index'}, "
-                   f"installed as {stamp.get('torch', {}).get('spec')}")
+                   f"installed as {had.get('spec')} from {had.get('index') or 'pip’s index'}")
     missing = [f"{n}=={v}" for n, v in facts["pins"] if facts["have"].get(n) != v and n != "torch"]
     if missing:
         why.append(f"{len(missing)} packages not at the locked version ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
