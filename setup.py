@@ -6,8 +6,10 @@ pyproject.toml's [tool.setuptools] cannot map a folder outside the package into 
 from setuptools import find_packages, setup
 
 setup(
-    packages=[*find_packages(include=["workbench*"]), "workbench.notebooks"],
-    package_dir={"workbench.notebooks": "notebooks"},
-    package_data={"workbench.notebooks": ["*.ipynb", "teacher/*.ipynb"],
-                  "workbench.core.data": ["shipped/*"]},
+    # Folders of data files are listed as packages too (setuptools warns about any it finds unlisted).
+    packages=[*find_packages(include=["workbench*"]), "workbench.core.data.shipped", "workbench.notebooks",
+              "workbench.notebooks.teacher"],
+    package_dir={"workbench.notebooks": "notebooks", "workbench.notebooks.teacher": "notebooks/teacher"},
+    package_data={"workbench.notebooks": ["*.ipynb"], "workbench.notebooks.teacher": ["*.ipynb"],
+                  "workbench.core.data.shipped": ["*"]},
 )

@@ -435,6 +435,9 @@ def install(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         rest = Path(tmp) / f"{SETS[args.set]}-without-torch.txt"
         rest.write_text("".join(p.line() + "\n" for p in pins if p.name != "torch"))
+        # pip is given only what is not installed at its pin yet (a re-run lists no 150 "already satisfied")
+        todo = Path(tmp) / f"{SETS[args.set]}-to-install.txt"
+        todo.write_text("".join(f"{n}=={v}\n" for n, v in facts["pins"] if n != "torch" and facts["have"].get(n) != v))
         source = wheelhouse_args(wheelhouse)
         dry = ["--dry-run"] if args.dry_run else []
         if torch_kept:
@@ -442,7 +445,7 @@ def install(args: argparse.Namespace) -> int:
         elif torch_pin is not None or os.environ.get("TORCH_SPEC"):
             install_torch(env, plan, rest, source, args.dry_run)
         # Everything else, exactly as pinned: no resolution (a missing pin fails at once, named), pip's progress shown.
-        if run(pip(env.python, "install", *dry, *source, "--no-deps", "-r", str(rest))):
+        if todo.read_text() and run(pip(env.python, "install", *dry, *source, "--no-deps", "-r", str(todo))):
             raise SetupError(f"pip could not install {set_file.relative_to(ROOT)} (its message is above)"
                              + (f"; WORKBENCH_WHEELHOUSE={wheelhouse}" if wheelhouse else ""))
     if args.dry_run:

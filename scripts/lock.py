@@ -47,7 +47,7 @@ LOWEST_PYTHON = "3.11"
 # The build backend pyproject names: in every set, so the package builds offline (--no-build-isolation);
 # and pip itself: install.py brings a venv's pip to it first (Debian 12's venv has pip 23.0.1, whose
 # --dry-run downloads whole wheels, torch's CUDA libraries included, where a newer one reads PEP 658 metadata).
-BUILD = ["setuptools>=69", "pip>=25"]
+BUILD = ["setuptools>=77", "pip>=25"]
 UV = "uv==0.13.9"  # the resolver `make lock` installs into the environment if it has none
 
 
