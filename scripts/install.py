@@ -404,6 +404,8 @@ def install(args: argparse.Namespace) -> int:
     locked_torch = next((p.version for p in pins if p.name == "torch"), None)
     if locked_torch is None:
         raise SetupError(f"{set_file} pins no torch: run `make lock`")
+    if wheelhouse and not wheelhouse.is_dir():
+        raise SetupError(wheelhouse_problem(wheelhouse, {}, None))
     facts = probe(env.python, pins, wheelhouse)
     env_version = tuple(facts["python"])
     if env_version[:2] not in TESTED_PYTHONS:
@@ -581,6 +583,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wheelhouse-set", dest="wh_set", default="test", choices=["learn", "room", "test"],
                         help="wheelhouse: which set's wheels (default test, what make setup installs)")
     args = parser.parse_args(argv)
+    sys.stdout.reconfigure(line_buffering=True)  # its lines and pip's, in the order they happen, also into a pipe
     problem = python_problem()
     if problem:
         print(f"install: {problem}", file=sys.stderr)

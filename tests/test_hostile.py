@@ -1632,6 +1632,12 @@ def test_a_complete_wheelhouse_passes_and_the_installer_stops_before_pip_on_an_e
     assert done.stderr.strip() == (f"install: WORKBENCH_WHEELHOUSE={empty} holds no wheel for this Python and platform: make it "
                                    f"on a machine like this one with `make wheelhouse` (python scripts/install.py wheelhouse {empty})")
     assert "$ " not in done.stdout  # no pip command ran
+    missing = tmp_path / "nowhere"
+    done = _subprocess.run([_sys.executable, str(root / "scripts" / "install.py"), "learn", "--force"], cwd=tmp_path,
+                           env={**os.environ, "WORKBENCH_WHEELHOUSE": str(missing)}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and done.stderr.strip() == (
+        f"install: WORKBENCH_WHEELHOUSE={missing} is not a folder: make it with `make wheelhouse` "
+        f"(python scripts/install.py wheelhouse {missing})") and "$ " not in done.stdout
 
 
 def _fake_env(tmp_path, installed: dict[str, str], torch_file: bool = True):
