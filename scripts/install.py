@@ -145,7 +145,7 @@ def prepare_venv(venv: Path, recreate: bool = False, dry_run: bool = False) -> E
     elif recreate and venv.exists():
         print(f"install: --recreate: making {venv} again with Python {sys.version.split()[0]}")
     if dry_run:  # a throw-away venv made the same way: the rest of the dry run asks its pip
-        print(f"install: --dry-run: {venv} left as it is; a temporary one stands in for it")
+        print(f"install: --dry-run: {venv} {'left as it is' if venv.exists() else 'not made'}; a temporary one stands in for it")
         venv = Path(tempfile.mkdtemp(prefix="workbench-dry-run-")) / "venv"
         python = venv_python(venv)
         temporary = True
