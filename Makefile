@@ -1,15 +1,24 @@
-# The two commands of the README. Both install what is missing first (scripts/setup.sh).
+# The two commands of the README. Both install what is missing first: scripts/install.py, which
+# needs no make (`python scripts/install.py learn` does the same on Windows or a Mac without make).
 PY := $(if $(VIRTUAL_ENV)$(CONDA_PREFIX),python,.venv/bin/python)
+# The Python the set-up runs with and makes .venv from: `make learn PYTHON=python3.12` for another.
+PYTHON ?= $(if $(VIRTUAL_ENV)$(CONDA_PREFIX),python,python3)
 
 .PHONY: learn lab course-facts test test-presets test-spawn setup browser benchmark gpu-check preflight learner-copies run-all lock wheelhouse drift room room-stop room-reset
 
+# What each target installs (requirements/SET.txt): learn and lab the learner's set (the package,
+# JupyterLab, torchao); room adds JupyterHub and trackio; test (and setup, the default) adds the test stack too.
+SET ?= test
+learn lab: SET = learn
+room: SET = room
 setup:
-	@bash scripts/setup.sh lab,test,quantization,room
+	@$(PYTHON) scripts/install.py $(SET)
 
-# The versions: requirements/lock.txt (what CI tested) is what setup installs. `make lock` re-resolves
-# it (and environment.yml) at the newest releases pyproject admits; `make drift` first shows what
+# The versions: requirements/lock.txt (what CI tested; one universal lock, Python 3.11-3.13, Linux,
+# macOS, Windows) and a file per set, all generated. `make lock` re-resolves them (and environment.yml)
+# at the newest releases pyproject admits (with uv, which it installs); `make drift` first shows what
 # those would break; `make wheelhouse` puts every locked wheel in wheelhouse/ for a room without the
-# index (then WORKBENCH_WHEELHOUSE=wheelhouse make learn installs offline).
+# index (then WORKBENCH_WHEELHOUSE=wheelhouse make learn installs offline; SET=learn: a learner's only).
 lock: setup
 	$(PY) scripts/lock.py
 
@@ -17,7 +26,7 @@ drift: setup
 	$(PY) scripts/drift.py
 
 wheelhouse:
-	bash scripts/wheelhouse.sh $(or $(WHEELHOUSE),wheelhouse)
+	$(PYTHON) scripts/install.py wheelhouse $(or $(WHEELHOUSE),wheelhouse) --wheelhouse-set $(SET)
 
 # Chromium (apt, needs root) for the real-browser dashboard test; where it cannot be
 # installed the browser test skips and says why.

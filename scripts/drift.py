@@ -2,8 +2,8 @@
 
     python scripts/drift.py [--venv .venv-newest] [--out benchmarks/results/drift.json] [-- PYTEST_ARGS]
 
-Installs the workbench with WORKBENCH_UNLOCKED=1 (scripts/setup.sh: the newest releases pyproject
-admits, torch included) into its own virtualenv, runs the test suite there (unit tests and notebooks,
+Installs the workbench with WORKBENCH_UNLOCKED=1 (scripts/install.py: the newest releases pyproject
+admits, torch included: TORCH_SPEC, default `torch`) into its own virtualenv, runs the test suite there (unit tests and notebooks,
 the cpu-quick preset, as `make test` does), and reports each package whose version differs from
 requirements/lock.txt (old -> new) and each test that failed, by name. The report goes to --out as
 JSON and to the terminal; the exit status is 0 either way (drift is news, not an error), 2 if the
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                WORKBENCH_UNLOCKED="1", TORCH_SPEC=os.environ.get("TORCH_SPEC", "torch"))
     env.pop("CONDA_PREFIX", None)
     start = time.time()
-    if subprocess.run(["bash", "scripts/setup.sh", "lab,test,quantization"], cwd=ROOT, env=env).returncode:
+    if subprocess.run([str(venv / "bin" / "python"), "scripts/install.py", "test"], cwd=ROOT, env=env).returncode:
         print("drift: the newest releases did not install (see pip's message above)")
         return 2
     installed_s = time.time() - start

