@@ -88,14 +88,15 @@ def test_config_rejects_a_grad_scaler_that_is_not_a_dict():
         RunConfig(**TINY, precision="fp16", grad_scaler=1024.0)
 
 
-def test_arm_budget_halves_the_emulated_budget_for_every_arm_and_leaves_native_arms_alone(monkeypatch, capsys):
+def test_arm_budget_halves_the_emulated_steps_for_every_arm_keeps_the_batch_and_leaves_native_arms_alone(monkeypatch, capsys):
     monkeypatch.setattr(hardware, "precision_support", lambda device, p: "emulated" if p == "fp16" else "native")
     monkeypatch.setattr(hardware, "cpu_matmul_slowdown", lambda p: 80.0)
     preset = get_preset()
     budget = arm_budget(device="cpu")
     assert budget == {"steps": max(2, preset.reduced_precision_steps_on_emulated_cpu // 2), "log_every": 1,
-                      "batch_size": max(1, preset.batch_size["gpt"] // 2), "eval_samples": min(preset.max_eval_samples, 200)}
-    assert "emulates fp16 (a matmul measured 80x slower" in capsys.readouterr().out
+                      "eval_samples": min(preset.max_eval_samples, 200)}  # no batch_size: 01's counts are taken at it
+    out = capsys.readouterr().out
+    assert "emulates fp16 (a matmul measured 80x slower" in out and f"at its batch of {preset.batch_size['gpt']}," in out
     assert arm_budget(("fp32", "bf16"), device="cpu") == {}
 
 
