@@ -130,3 +130,24 @@ def test_no_class_moves_a_shape_notebook_01_counts_at(present, monkeypatch, caps
         c = RunConfig(model="gpt", precision=precision, device="cpu", **budget).resolved()
         assert (c.batch_size, c.seq_len, c.dims) == (preset.batch_size["gpt"], preset.seq_len["gpt"], preset.dims["gpt"])
         assert c.steps == (budget["steps"] if emulated else preset.steps)  # every arm the same steps
+
+
+
+def test_05s_int8_speed_is_asserted_on_vnni_only_where_no_class_is_presented(present, monkeypatch):
+    # An AVX2 CPU presented as AVX512-FP16 still runs FBGEMM on AVX2: the class's VNNI is not a
+    # speed-up its kernels can be held to, so the claim is shown, not asserted.
+    from types import SimpleNamespace
+
+    from workbench.lessons import quantization
+
+    monkeypatch.setattr(quantization, "int8_kernels", lambda: "avx512_vnni")
+    monkeypatch.setattr(quantization, "int8_speedup_expected", lambda device: True)
+    model = SimpleNamespace(latency_s=1.0, size_bytes=100, accuracy=0.9, accuracy_change=lambda other: 0.0)
+    slower = {"MLP": SimpleNamespace(ratio=0.8, core=SimpleNamespace(free=True))}
+    rows = lambda: quantization.claims_rows(model, model, model, model, model, slower, trained=False)
+    present(None)
+    with pytest.raises(AssertionError, match="should speed up the MLP on a CPU with VNNI: 0.80x"):
+        rows()
+    present("avx512_fp16")
+    speed = rows()[0]
+    assert speed[3].startswith("does not hold here:") and speed[3].endswith(f"({cpu_class.presented_note()}: not asserted)")

@@ -174,6 +174,19 @@ def test_claim_rows_refuse_an_emulated_format_that_was_not_slower(monkeypatch):
         claim_rows(_fake_run("fp32", 1.0, 300), _fake_run("fp16", 1.0, 200), _fake_run("bf16", 5.0, 200), forced)
 
 
+def test_under_a_presented_cpu_class_no_timing_is_asserted_and_the_verdict_says_why(monkeypatch):
+    # The kernels timed are this CPU's: an AVX2 class presented on a CPU whose bf16 is fast must not fail
+    # "an emulated bf16 step should be clearly slower" (it did, under WORKBENCH_CPU_CLASS=avx2 on this EPYC).
+    from workbench.lessons.mixed_precision import claim_rows
+
+    monkeypatch.setattr(hardware, "precision_support", lambda device, p: "emulated")
+    monkeypatch.setenv("WORKBENCH_CPU_CLASS", "avx2")
+    forced = _fake_run("fp16", 1.0, 10, skipped=1, scales=(2.0**39,))
+    speed = claim_rows(_fake_run("fp32", 1.0, 300), _fake_run("fp16", 1.0, 200), _fake_run("bf16", 0.5, 200), forced)[0]
+    assert speed[2] == "fp16 1.00x the speed of fp32, bf16 2.00x the speed of fp32"
+    assert speed[3] == f"not shown here: {hardware.presented_note()}"
+
+
 def test_on_a_t4_the_bf16_arm_runs_in_fp16_and_its_claims_say_not_shown_here(monkeypatch, capsys):
     # Notebook 01 on a card without bf16: cell 5 asks precision_here("bf16") (fp16, one line), the bf16 arms
     # train in fp16, and the claims table says what was not shown and why, instead of crashing.

@@ -86,15 +86,18 @@ def claim_rows(baseline: Any, fp16: Any, bf16: Any, forced: Any) -> list[tuple[s
     speed = {arm: baseline.step_time_s / r.step_time_s for arm, r in arms.items()}
     saved = {arm: 1 - r.memory.activation_bytes / baseline.memory.activation_bytes for arm, r in arms.items()}
     full = baseline.steps_done == preset.steps and not preset.capped  # else too few steps to compare accuracy
+    # A CPU class presented for a test (cpu_class) decides the cut and which formats count as native, but
+    # the kernels timed are this CPU's: their speed says nothing about that class, so none is asserted.
+    presented = hardware.presented_note() if device == "cpu" else ""
     for arm, r in arms.items():
         for metric in ("final_loss", "eval_loss"):
             mine, base = getattr(r, metric), getattr(baseline, metric)
             assert abs(mine - base) <= 0.03 * base, f"{r.name}: {metric} {mine:.4f} vs fp32's {base:.4f}"
         assert not full or abs(r.accuracy - baseline.accuracy) <= 0.015, f"{r.name}: accuracy {r.accuracy:.2%}"
         assert r.memory.model_state_bytes == baseline.memory.model_state_bytes  # fp32 master weights, grads, AdamW
-        if device == "cpu" and support[arm] == "emulated":
+        if device == "cpu" and support[arm] == "emulated" and not presented:
             assert speed[arm] < 0.5, f"an emulated {ran[arm]} step should be clearly slower than fp32's, got {speed[arm]:.2f}x the speed"
-        if baseline.config.preset == "gpu" and support[arm] == "native":
+        if baseline.config.preset == "gpu" and support[arm] == "native" and not presented:
             assert speed[arm] >= 1.3, f"{r.name}: {speed[arm]:.2f}x is not a tensor-core speed-up"
             assert r.memory.peak_bytes < baseline.memory.peak_bytes, f"{r.name}: peak memory not below fp32's"
     init = forced.config.grad_scaler["init_scale"]
@@ -113,6 +116,8 @@ def claim_rows(baseline: Any, fp16: Any, bf16: Any, forced: Any) -> list[tuple[s
     word = ("holds" if held == len(verdicts) and not missing else "holds in part" if held
             else "does not hold here" if verdicts else "not shown here")
     speed_verdict = word + ": " + "; ".join([why for _, why in verdicts] + list(missing.values()))
+    if presented:
+        speed_verdict = f"not shown here: {presented}"
     memory = ", ".join(f"-{saved[arm]:.0%} ({label[arm]})" for arm in arms)
     if device == "cuda":
         memory += "; CUDA peak " + " / ".join(wb_bytes(r.memory.peak_bytes) for r in [baseline, *arms.values()])
