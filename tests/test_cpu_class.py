@@ -86,6 +86,11 @@ def test_a_class_that_does_not_exist_is_one_line_naming_the_variable_and_the_cla
     message = str(error.value)
     assert message.startswith(f"WORKBENCH_CPU_CLASS={value!r} is not a CPU class: use one of avx2, avx512, ")
     assert "\n" not in message and message.endswith("or unset it")
+    from workbench import ConfigError, RunConfig
+
+    with pytest.raises(ConfigError) as refused:  # a run refuses it before anything runs, even in fp32
+        RunConfig(model="mlp", steps=2).resolved()
+    assert str(refused.value) == message
 
 
 def test_unset_empty_or_any_case_reads_as_expected(present):
