@@ -23,7 +23,7 @@ import torch
 
 # The CPU's class (flags, caps, int8 kernels) lives in cpu_class; its names are re-exported here,
 # where the lessons, the fingerprint and the preflight have always asked for them.
-from workbench.core.cpu_class import cpu_flags, int8_kernels, int8_speedup_expected, presented_note
+from workbench.core.cpu_class import cpu_flags, int8_kernels, int8_speedup_expected, presented_note  # noqa: F401
 from workbench.core.precisions import DTYPES, PRECISIONS
 from workbench.core.report import Report, format_bytes
 
