@@ -88,14 +88,15 @@ def test_config_rejects_a_grad_scaler_that_is_not_a_dict():
         RunConfig(**TINY, precision="fp16", grad_scaler=1024.0)
 
 
-def test_arm_budget_halves_the_emulated_budget_for_every_arm_and_leaves_native_arms_alone(monkeypatch, capsys):
+def test_arm_budget_halves_the_emulated_steps_for_every_arm_keeps_the_batch_and_leaves_native_arms_alone(monkeypatch, capsys):
     monkeypatch.setattr(hardware, "precision_support", lambda device, p: "emulated" if p == "fp16" else "native")
     monkeypatch.setattr(hardware, "cpu_matmul_slowdown", lambda p: 80.0)
     preset = get_preset()
     budget = arm_budget(device="cpu")
     assert budget == {"steps": max(2, preset.reduced_precision_steps_on_emulated_cpu // 2), "log_every": 1,
-                      "batch_size": max(1, preset.batch_size["gpt"] // 2), "eval_samples": min(preset.max_eval_samples, 200)}
-    assert "emulates fp16 (a matmul measured 80x slower" in capsys.readouterr().out
+                      "eval_samples": min(preset.max_eval_samples, 200)}  # no batch_size: 01's counts are taken at it
+    out = capsys.readouterr().out
+    assert "emulates fp16 (a matmul measured 80x slower" in out and f"at its batch of {preset.batch_size['gpt']}," in out
     assert arm_budget(("fp32", "bf16"), device="cpu") == {}
 
 
@@ -171,6 +172,19 @@ def test_claim_rows_refuse_an_emulated_format_that_was_not_slower(monkeypatch):
     forced = _fake_run("fp16", 1.0, 10, skipped=1, scales=(2.0**39,))
     with pytest.raises(AssertionError, match="emulated fp16 step should be clearly slower"):
         claim_rows(_fake_run("fp32", 1.0, 300), _fake_run("fp16", 1.0, 200), _fake_run("bf16", 5.0, 200), forced)
+
+
+def test_under_a_presented_cpu_class_no_timing_is_asserted_and_the_verdict_says_why(monkeypatch):
+    # The kernels timed are this CPU's: an AVX2 class presented on a CPU whose bf16 is fast must not fail
+    # "an emulated bf16 step should be clearly slower" (it did, under WORKBENCH_CPU_CLASS=avx2 on this EPYC).
+    from workbench.lessons.mixed_precision import claim_rows
+
+    monkeypatch.setattr(hardware, "precision_support", lambda device, p: "emulated")
+    monkeypatch.setenv("WORKBENCH_CPU_CLASS", "avx2")
+    forced = _fake_run("fp16", 1.0, 10, skipped=1, scales=(2.0**39,))
+    speed = claim_rows(_fake_run("fp32", 1.0, 300), _fake_run("fp16", 1.0, 200), _fake_run("bf16", 0.5, 200), forced)[0]
+    assert speed[2] == "fp16 1.00x the speed of fp32, bf16 2.00x the speed of fp32"
+    assert speed[3] == f"not shown here: {hardware.presented_note()}"
 
 
 def test_on_a_t4_the_bf16_arm_runs_in_fp16_and_its_claims_say_not_shown_here(monkeypatch, capsys):

@@ -21,7 +21,7 @@ import time
 import pytest
 
 import workbench as wb
-from workbench.core import hardware
+from workbench.core import cpu_class, hardware
 from workbench.core.fingerprint import CAP_VARIABLES, cpu_level, hardware_class
 from workbench.lessons import room as lesson
 from workbench.measure import room as store
@@ -29,7 +29,7 @@ from workbench.measure.result import LoopDescription
 from workbench.views import room as view
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-X86_AVX2 = {"avx2", "fma"} <= hardware._proc_cpu_flags()
+X86_AVX2 = {"avx2", "fma"} <= cpu_class._proc_cpu_flags()
 ROW = {"notebook": "01_mixed_precision", "exercise": "bf16 speed-up", "predicted": 2.0, "measured": 0.5,
        "kind": "ratio", "unit": "x"}
 
@@ -63,7 +63,7 @@ def test_a_capped_process_fingerprints_as_an_avx2_machine():
 ])
 def test_onednn_caps_below_bf16_make_bf16_emulated(monkeypatch, cap, kept, dropped):
     everything = frozenset({"avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_bf16"})
-    monkeypatch.setattr(hardware, "_proc_cpu_flags", lambda: everything)
+    monkeypatch.setattr(cpu_class, "_proc_cpu_flags", lambda: everything)
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
     hardware.cpu_flags.cache_clear()
     try:

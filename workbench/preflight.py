@@ -110,6 +110,8 @@ def _hardware() -> list[Finding]:
         found.append(Finding("GPU", "ok", f"{gpu.name}, {gpu.memory_total_bytes / 2**30:.0f} GiB, "
                                           f"compute capability {gpu.compute_capability[0]}.{gpu.compute_capability[1]}"))
     device = hardware.resolve_device("auto")
+    if device == "cpu" and (note := hardware.presented_note()):
+        found.append(Finding("CPU class", "note", note))
     for precision in ("bf16", "fp16"):
         support = hardware.precision_support(device, precision)
         if device == "cpu":

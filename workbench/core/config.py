@@ -21,7 +21,7 @@ from typing import Any, Literal
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from workbench.core import custom, hardware
+from workbench.core import cpu_class, custom, hardware
 from workbench.core.checks import check_types, check_values, one_of
 from workbench.core.data import DATASETS
 from workbench.core.errors import ConfigError
@@ -268,7 +268,8 @@ def _resolve(cfg: RunConfig) -> dict[str, Any]:
     spec = custom.model_spec(cfg.model)
     try:
         preset = get_preset(cfg.preset)
-    except ValueError as error:  # $WORKBENCH_PRESET names no preset
+        cpu_class.presented_class()  # read by the run's decisions: a bad value refused here, before anything runs
+    except ValueError as error:  # $WORKBENCH_PRESET names no preset, or $WORKBENCH_CPU_CLASS no class
         raise ConfigError(str(error)) from None
     values = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
     values["preset"] = preset.name

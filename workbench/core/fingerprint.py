@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from workbench.core import hardware
+from workbench.core.cpu_class import CPU_CLASS_ENV_VAR
 
 # Highest first: the first flag this process may use names its oneDNN level.
 _ONEDNN_LEVELS = (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16"), ("avx512f", "AVX512"), ("avx2", "AVX2"))
@@ -79,7 +80,8 @@ def fingerprint(device: str = "auto") -> dict[str, Any]:
         "isa": cpu_level(flags, platform.machine()),
         "aten": aten_level(),
         "flags": [f for f in _FLAGS_SHOWN if f in flags],
-        "caps": {k: os.environ[k] for k in CAP_VARIABLES if os.environ.get(k)},
+        # with a class presented for a test (cpu_class): its flags are not this CPU's, and the fingerprint says so
+        "caps": {k: os.environ[k] for k in (*CAP_VARIABLES, CPU_CLASS_ENV_VAR) if os.environ.get(k)},
         "bf16": hardware.precision_support(device, "bf16"),
         "fp16": hardware.precision_support(device, "fp16"),
         "int8_kernels": hardware.int8_kernels(),

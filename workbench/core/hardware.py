@@ -21,6 +21,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+# The CPU's class (flags, caps, int8 kernels) lives in cpu_class; its names are re-exported here,
+# where the lessons, the fingerprint and the preflight have always asked for them.
+from workbench.core.cpu_class import cpu_flags, int8_kernels, int8_speedup_expected, presented_note  # noqa: F401
 from workbench.core.precisions import DTYPES, PRECISIONS
 from workbench.core.report import Report, format_bytes
 
@@ -181,75 +184,6 @@ def gpu_memory_bytes() -> tuple[int | None, str]:
         return int(gib * 2**30), f"${GPU_MEMORY_ENV_VAR}"
     total = _smi_memory_bytes()
     return (total, "nvidia-smi") if total else (None, f"no nvidia-smi answer; set {GPU_MEMORY_ENV_VAR}")
-
-
-@functools.cache
-def _proc_cpu_flags() -> frozenset[str]:
-    """The instruction-set flags /proc/cpuinfo lists (empty where there is none)."""
-    from workbench.core.compile_cache import cpu_flags_line
-
-    _, _, flags = cpu_flags_line().partition(":")
-    return frozenset(flags.split())
-
-
-@functools.cache
-def cpu_flags() -> frozenset[str]:
-    """The CPU's instruction-set flags that torch's CPU kernels may use.
-
-    ONEDNN_MAX_CPU_ISA caps what oneDNN (torch's CPU matmul library) uses, e.g. AVX2
-    on a CPU that has AVX512-BF16: then bf16 is emulated, whatever /proc/cpuinfo says.
-    """
-    flags = _proc_cpu_flags()
-    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
-    if not cap or cap == "ALL" or "AMX" in cap:
-        return flags
-    # oneDNN's levels in order: ... AVX2, AVX512_CORE, AVX512_CORE_VNNI, AVX512_CORE_BF16,
-    # AVX512_CORE_FP16, AVX512_CORE_AMX: a cap below BF16 makes bf16 emulated on an AVX512-BF16 CPU.
-    dropped: tuple[str, ...] = ("amx",)
-    if "AVX512" not in cap:
-        dropped = ("avx512", "amx")
-    elif "BF16" not in cap and "FP16" not in cap:
-        dropped = ("amx", "avx512_bf16", "avx512_fp16")
-    elif "FP16" not in cap:
-        dropped = ("amx", "avx512_fp16")
-    return frozenset(f for f in flags if not f.startswith(dropped))
-
-
-# FBGEMM (torch.ao's x86 int8 kernels) picks its own instruction set and ignores
-# ONEDNN_MAX_CPU_ISA and ATEN_CPU_CAPABILITY; FBGEMM_ENABLE_INSTRUCTIONS caps it. Measured on a
-# 2-core EPYC with AVX512-VNNI, dynamic INT8 Linear over fp32 (one thread, interleaved medians):
-# 5.3-7.2x with VNNI, 3.6-4.0x capped to AVX512, 2.1-2.3x capped to AVX2; a real AVX2-only EPYC
-# measured 0.5x on MiniLM. So only VNNI makes the int8 speed-up a claim to assert.
-_FBGEMM_LEVELS = ("avx2", "avx512", "avx512_vnni")
-_FBGEMM_CAPS = {"AVX2": "avx2", "AVX512": "avx512", "AVX512_256": "avx512",
-                "AVX512_E1": "avx512_vnni", "AVX512_E1_256": "avx512_vnni"}
-
-
-@functools.cache
-def int8_kernels() -> str:
-    """The instructions torch.ao's x86 int8 kernels (FBGEMM) run with on this CPU:
-    'avx512_vnni', 'avx512', 'avx2' or 'none', after FBGEMM_ENABLE_INSTRUCTIONS.
-
-    Example:
-        >>> int8_kernels() in ("avx512_vnni", "avx512", "avx2", "none")
-        True
-    """
-    flags = _proc_cpu_flags()
-    if not {"avx2", "fma"} <= flags:
-        return "none"
-    level = "avx2"
-    if {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= flags:
-        level = "avx512_vnni" if "avx512_vnni" in flags else "avx512"
-    cap = _FBGEMM_CAPS.get(os.environ.get("FBGEMM_ENABLE_INSTRUCTIONS", "").strip().upper())
-    if cap is not None and _FBGEMM_LEVELS.index(cap) < _FBGEMM_LEVELS.index(level):
-        level = cap
-    return level
-
-
-def int8_speedup_expected(device: str) -> bool:
-    """Whether dynamic INT8 (torch.ao) should beat fp32 on `device`: on an x86 CPU whose int8
-    kernels have VNNI. Elsewhere its speed is measured and shown, not claimed."""
-    return device == "cpu" and int8_kernels() == "avx512_vnni"
 
 
 @functools.cache
@@ -433,7 +367,7 @@ def emulation_warning(device: str, precision: str) -> str | None:
         f"{precision} is emulated on this CPU ({cpu_name()}: no {missing}): a {precision} "
         f"matmul measured {slowdown:.0f}x slower than fp32 here, so this run will be slower, "
         f"not faster. Memory effects (activation bytes) still show; speed-ups need a GPU."
-    )
+    ) + (f" ({note})" if (note := presented_note()) else "")
 
 
 def cpp_compiler() -> str | None:
@@ -472,6 +406,8 @@ class HardwareReport(Report):
     versions: dict[str, str] = field(default_factory=dict)
     int8_kernels: str = ""
     """CPU only: what torch.ao's int8 kernels run with ('avx512_vnni', 'avx512', 'avx2', 'none')."""
+    cpu_class_note: str = ""
+    """CPU only: where $WORKBENCH_CPU_CLASS presents a class, that the rows above follow it (cpu_class)."""
 
     def caption(self) -> str:
         return "This machine"
@@ -493,6 +429,8 @@ class HardwareReport(Report):
             vnni = self.int8_kernels == "avx512_vnni"
             rows.append(("int8 (torch.ao, FBGEMM)", f"{self.int8_kernels}: " + (
                 "VNNI, dynamic INT8 faster than fp32" if vnni else "no VNNI, INT8 speed measured, not assumed")))
+        if self.cpu_class_note:
+            rows.append(("CPU class", self.cpu_class_note))
         rows.extend((name, version) for name, version in self.versions.items())
         return rows
 
@@ -531,4 +469,5 @@ def hardware_report(device: str = "auto") -> HardwareReport:
         cpu_threads=torch.get_num_threads(), precisions=precisions,
         matmul_slowdown_vs_fp32=slowdown, peak_tflops=peaks, peak_source=source,
         versions=versions, int8_kernels=int8_kernels() if device == "cpu" else "",
+        cpu_class_note=presented_note() if device == "cpu" else "",
     )

@@ -49,20 +49,25 @@ def arm_budget(precisions: tuple[str, ...] = ("fp32", "fp16", "bf16"), *, model:
 
     An emulated step costs 15-160x an fp32 one. The notebook trains four emulated arms (fp16 and
     bf16, by hand and through `wb.run`): each gets half the preset's budget for an emulated run
-    (at least 2 steps: one counted, one timed) at half the preset's batch, every arm the same
-    (the losses compare step by step), logged each step, with a smaller fp32 evaluation.
+    (at least 2 steps: one counted, one timed), every arm the same (the losses compare step by
+    step), logged each step, with a smaller fp32 evaluation. The batch is the preset's on every
+    CPU: the notebook's exact counts (saved bytes, checked by nbval) are taken at it, so they are
+    the same where 16 bits are emulated and where they are native (issue 35: at half the batch
+    where emulated, they failed on an AVX512-FP16 CPU).
     """
     device, preset = hardware.resolve_device(device), get_preset()
     emulated = [p for p in precisions if hardware.precision_support(device, p) == "emulated"]
+    presented = f" ({note})" if device == "cpu" and (note := hardware.presented_note()) else ""
     if not emulated:
-        print(f"{', '.join(precisions)} are native on this {device}: every arm trains the preset's {preset.steps} steps")
+        print(f"{', '.join(precisions)} are native on this {device}: every arm trains the preset's "
+              f"{preset.steps} steps{presented}")
         return {}
-    steps, batch = max(2, preset.reduced_precision_steps_on_emulated_cpu // 2), max(1, preset.batch_size[model] // 2)
+    steps = max(2, preset.reduced_precision_steps_on_emulated_cpu // 2)
     samples = min(preset.max_eval_samples, EMULATED_EVAL_SAMPLES)
     slower = " and ".join(f"{p} (a matmul measured {hardware.cpu_matmul_slowdown(p):.0f}x slower than fp32)" for p in emulated)
-    print(f"Cut: this {device} emulates {slower}. Every arm trains {steps} steps of batch {batch}, not the preset's "
-          f"{preset.steps} of {preset.batch_size[model]}, logs each one, and evaluates {samples} held-out samples.")
-    return {"steps": steps, "batch_size": batch, "log_every": 1, "eval_samples": samples}
+    print(f"Cut: this {device} emulates {slower}. Every arm trains {steps} steps, not the preset's {preset.steps}, "
+          f"at its batch of {preset.batch_size[model]}, logs each one, and evaluates {samples} held-out samples{presented}.")
+    return {"steps": steps, "log_every": 1, "eval_samples": samples}
 
 
 def claim_rows(baseline: Any, fp16: Any, bf16: Any, forced: Any) -> list[tuple[str, str, str, str]]:
@@ -81,15 +86,18 @@ def claim_rows(baseline: Any, fp16: Any, bf16: Any, forced: Any) -> list[tuple[s
     speed = {arm: baseline.step_time_s / r.step_time_s for arm, r in arms.items()}
     saved = {arm: 1 - r.memory.activation_bytes / baseline.memory.activation_bytes for arm, r in arms.items()}
     full = baseline.steps_done == preset.steps and not preset.capped  # else too few steps to compare accuracy
+    # A CPU class presented for a test (cpu_class) decides the cut and which formats count as native, but
+    # the kernels timed are this CPU's: their speed says nothing about that class, so none is asserted.
+    presented = hardware.presented_note() if device == "cpu" else ""
     for arm, r in arms.items():
         for metric in ("final_loss", "eval_loss"):
             mine, base = getattr(r, metric), getattr(baseline, metric)
             assert abs(mine - base) <= 0.03 * base, f"{r.name}: {metric} {mine:.4f} vs fp32's {base:.4f}"
         assert not full or abs(r.accuracy - baseline.accuracy) <= 0.015, f"{r.name}: accuracy {r.accuracy:.2%}"
         assert r.memory.model_state_bytes == baseline.memory.model_state_bytes  # fp32 master weights, grads, AdamW
-        if device == "cpu" and support[arm] == "emulated":
+        if device == "cpu" and support[arm] == "emulated" and not presented:
             assert speed[arm] < 0.5, f"an emulated {ran[arm]} step should be clearly slower than fp32's, got {speed[arm]:.2f}x the speed"
-        if baseline.config.preset == "gpu" and support[arm] == "native":
+        if baseline.config.preset == "gpu" and support[arm] == "native" and not presented:
             assert speed[arm] >= 1.3, f"{r.name}: {speed[arm]:.2f}x is not a tensor-core speed-up"
             assert r.memory.peak_bytes < baseline.memory.peak_bytes, f"{r.name}: peak memory not below fp32's"
     init = forced.config.grad_scaler["init_scale"]
@@ -108,6 +116,8 @@ def claim_rows(baseline: Any, fp16: Any, bf16: Any, forced: Any) -> list[tuple[s
     word = ("holds" if held == len(verdicts) and not missing else "holds in part" if held
             else "does not hold here" if verdicts else "not shown here")
     speed_verdict = word + ": " + "; ".join([why for _, why in verdicts] + list(missing.values()))
+    if presented:
+        speed_verdict = f"not shown here: {presented}"
     memory = ", ".join(f"-{saved[arm]:.0%} ({label[arm]})" for arm in arms)
     if device == "cuda":
         memory += "; CUDA peak " + " / ".join(wb_bytes(r.memory.peak_bytes) for r in [baseline, *arms.values()])

@@ -54,7 +54,7 @@ import warnings
 from typing import Any
 import torch
 from torch import nn
-from workbench.core.hardware import int8_kernels, int8_speedup_expected
+from workbench.core.hardware import int8_kernels, int8_speedup_expected, presented_note
 from workbench.core.models import unavailable_reason  # noqa: F401  (the notebook's names, in one place)
 from workbench.core.torchao_support import (
     config_by_name,
@@ -502,8 +502,9 @@ def claims_rows(fp32: QuantResult, dynamic: QuantResult, static: QuantResult, pt
     """
     seed = "seed 004 §3 (docs/SOURCES.md)"
     kernels, vnni = int8_kernels(), int8_speedup_expected("cpu")
+    presented = presented_note()  # a CPU class presented for a test: the int8 kernels timed are not its own
     for name, s in speeds.items():
-        if vnni and s.core.free and s.ratio < 1.5:
+        if vnni and s.core.free and s.ratio < 1.5 and not presented:
             raise AssertionError(f"dynamic INT8 should speed up the {name} on a CPU with VNNI: {s.ratio:.2f}x")
     ratios = [s.ratio for s in speeds.values()]
     speed_verdict = "holds" if min(ratios) >= 1.1 else "does not hold here" if max(ratios) <= 1 / 1.1 else "holds in part"
@@ -515,7 +516,7 @@ def claims_rows(fp32: QuantResult, dynamic: QuantResult, static: QuantResult, pt
              + ", ".join(f"{n} {r:.2f}x" for n, r in tao),
              f"{speed_verdict}: fp32's speed = 1.00x; int8 kernels "
              f"on {kernels}" + (" (VNNI)" if vnni else " without VNNI, where int8 is not reliably faster")
-             + "; torchao's int8 kernels target GPUs")]
+             + "; torchao's int8 kernels target GPUs" + (f" ({presented}: not asserted)" if presented else ""))]
     shrink = f"MLP file {fp32.size_bytes / dynamic.size_bytes:.2f}x smaller"
     if minilm:
         if minilm[2].linear_weight_bytes * 4 != minilm[0].linear_weight_bytes:
