@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.core.report import Report
-from workbench.lessons.ledger import record
+from workbench.classroom.ledger import record
 
 
 class WrongAnswer(AssertionError):
