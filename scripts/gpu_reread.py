@@ -49,7 +49,7 @@ def evaluation_peak(config, batch: int, resident: int, workspaces: int) -> int:
     from workbench.planner.estimate import _freeze, _spec_key, input_spec, model_key
     from workbench.planner.fakemodel import fake_mode
     from workbench.planner.fakestate import build
-    from workbench.planner.live import CUDA_BLOCK_BYTES, LiveTensors
+    from workbench.measure.live import CUDA_BLOCK_BYTES, LiveTensors
 
     cfg = config.resolved()
     spec = _spec_key(input_spec(cfg), model_key(cfg))

@@ -31,7 +31,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--hog"):
-        from workbench.lessons.contention import busy_core
+        from workbench.measure.contention import busy_core
 
         hog = busy_core()
         config.stash[_HOG_KEY] = (hog, hog.__enter__())

@@ -3,7 +3,7 @@
 import pytest
 
 from workbench import RunConfig
-from workbench.lessons.probe import make_probe
+from workbench.measure.probe import make_probe
 from workbench.lessons import accumulation
 
 TINY_GPT = RunConfig(model="gpt", preset="cpu-quick", seq_len=16, dims={"n_layer": 2, "n_head": 2, "d_model": 32})

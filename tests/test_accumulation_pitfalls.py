@@ -3,7 +3,7 @@
 import pytest
 
 from workbench import RunConfig
-from workbench.lessons.probe import make_probe
+from workbench.measure.probe import make_probe
 from workbench.lessons import accumulation as pitfalls
 
 

@@ -5,13 +5,13 @@ import torch
 
 from workbench import RunConfig
 from workbench.core.models import loss_fn
-from workbench.core.switches.activation_checkpointing import set_activation_checkpointing
-from workbench.core.measure.counters import (
+from workbench.switches.checkpointing import set_activation_checkpointing
+from workbench.measure.counters import (
     SavedActivationCounter,
     gpt_activation_bytes_formula,
 )
-from workbench.core.measure.flops import count_flops
-from workbench.lessons.probe import gradients, make_probe
+from workbench.measure.flops import count_flops
+from workbench.measure.probe import gradients, make_probe
 from workbench.lessons import checkpointing
 from workbench.lessons.checkpointing import (
     Segments,

@@ -10,15 +10,15 @@ from torch import nn
 
 from workbench.core.models import GPT
 from workbench.core.saved import note_saved
-from workbench.core.measure.counters import (
+from workbench.measure.counters import (
     SavedActivationCounter,
     gpt_activation_bytes_formula,
     gradient_bytes,
     optimizer_state_bytes,
     parameter_bytes,
 )
-from workbench.core.measure.flops import FlopCounter as counters_flop
-from workbench.core.measure.flops import (
+from workbench.measure.flops import FlopCounter as counters_flop
+from workbench.measure.flops import (
     count_flops,
     gpt_flops_formula,
     matmul_parameter_count,
@@ -182,8 +182,8 @@ def test_layernorm_statistics_are_about_a_quarter_h_th_of_a_layer_as_the_formula
 
 
 def test_a_checkpointed_blocks_input_reaches_the_outer_hooks_and_is_counted_once(monkeypatch):
-    from workbench.core.switches.activation_checkpointing import set_activation_checkpointing
-    from workbench.core.measure import counters
+    from workbench.switches.checkpointing import set_activation_checkpointing
+    from workbench.measure import counters
 
     model = set_activation_checkpointing(make_gpt(), "all")
     x, _ = tokens()
@@ -225,7 +225,7 @@ def test_a_counter_around_an_accumulation_window_counts_every_micro_batch():
     import torch
 
     from workbench.core.models import GPT, loss_fn
-    from workbench.core.measure.counters import SavedActivationCounter
+    from workbench.measure.counters import SavedActivationCounter
 
     torch.manual_seed(0)
     model = GPT(64, 16, n_layer=2, n_head=2, d_model=32)

@@ -9,9 +9,9 @@ import pytest
 from workbench import RunConfig, run
 from workbench.core.data import load_data
 from workbench.planner import estimate as estimate_module
-from workbench.core.measure.counters import gpt_activation_bytes_formula
+from workbench.measure.counters import gpt_activation_bytes_formula
 from workbench.planner.estimate import accelerate_estimate, estimate, input_spec
-from workbench.core.measure.flops import gpt_flops_formula
+from workbench.measure.flops import gpt_flops_formula
 from workbench.lessons.planner import check_peak
 
 BIG = dict(n_layer=32, n_head=32, d_model=2560)  # Pythia-2.8B's shape (GPT-Neo 2.7B has 20 heads), a "3B"
@@ -138,7 +138,7 @@ def test_cuda_softmax_reads_fp16_scores_in_place_and_copies_bf16_ones_to_fp32(dt
 
     from workbench.planner.fakecuda import CudaAutocastPolicy
     from workbench.planner.fakemodel import fake_mode
-    from workbench.planner.live import LiveTensors
+    from workbench.measure.live import LiveTensors
 
     low = getattr(torch, dtype)
     with fake_mode():

@@ -16,10 +16,10 @@ from workbench.core.data import load_data
 from workbench.core.models import build_model
 from workbench.core.optim import make_optimizer
 from workbench.core.trainable import add_lora, freeze_parts, lora_parameter_count, model_parts
-from workbench.core.engine.launch import launch_function
-from workbench.core.engine.train import run
-from workbench.planner.communication import CollectiveCounter, wire_bytes
-from workbench.core.measure.counters import optimizer_state_bytes, shard_rows, sharded_bytes
+from workbench.engine.launch import launch_function
+from workbench.engine.train import run
+from workbench.measure.communication import CollectiveCounter, wire_bytes
+from workbench.measure.counters import optimizer_state_bytes, shard_rows, sharded_bytes
 from workbench.planner.estimate import estimate
 
 D, L, S, V = 32, 2, 16, 256  # tiny GPT: width, blocks, sequence, byte vocabulary
@@ -161,7 +161,7 @@ def _sharded_and_plain(cfg: RunConfig):
     from accelerate import Accelerator
     from accelerate.utils import FullyShardedDataParallelPlugin
 
-    from workbench.core.engine.accelerator import reset_accelerate_state
+    from workbench.engine.accelerator import reset_accelerate_state
 
     reset_accelerate_state()
     accelerator = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))

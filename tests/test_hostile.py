@@ -26,19 +26,19 @@ import torch
 import workbench as wb
 from workbench import ConfigError, RunConfig
 from workbench.core import hardware, limits
-from workbench.core.engine import resume, train
-from workbench.core.engine.launch import launch
-from workbench.core.engine.train import RunInterrupted, run
-from workbench.core.measure.oom import (
+from workbench.engine import resume, train
+from workbench.engine.launch import launch
+from workbench.engine.train import RunInterrupted, run
+from workbench.measure.oom import (
     check_budget,
     describe_out_of_memory,
     is_out_of_memory,
     parse_oom,
     parse_size,
 )
-from workbench.core.measure.records import RunEnd
+from workbench.measure.records import RunEnd
 from workbench.planner.planning import Target, plan
-from workbench.core.views.sinks import RecordingSink, TextSink
+from workbench.views.sinks import RecordingSink, TextSink
 
 # digits: 1,437 training images; 44 batches of 32 an epoch. A step takes about a millisecond.
 TINY = dict(model="mlp", data="digits", batch_size=32, steps=8, log_every=4, dims={"hidden": (16,)}, eval_samples=0)
@@ -181,7 +181,7 @@ def test_the_text_log_and_the_dashboard_show_a_new_status_as_a_failure():
     sink.end(RunEnd("r", "diverged", 8, message="the loss became non-finite (nan or inf) at step 6"))
     assert lines == ["[r] diverged after 8 steps: the loss became non-finite (nan or inf) at step 6"]
     pytest.importorskip("ipywidgets")
-    from workbench.core.views.dashboard import Dashboard
+    from workbench.views.dashboard import Dashboard
 
     dash = Dashboard(auto_display=False)
     dash.end(RunEnd("r", "some-status-added-later", 3, message="why"))
@@ -677,7 +677,7 @@ def test_a_simulated_budget_must_be_a_positive_number_of_bytes():
 
 @pytest.mark.parametrize("kwargs, error, message", [
     ({"sinks": [object()]}, TypeError, "sinks[0] (object) has no start, log, end method; a sink needs start(), log() "
-                                       "and end() (see workbench.core.measure.records.Sink)"),
+                                       "and end() (see workbench.measure.records.Sink)"),
     ({"sinks": "text"}, TypeError, "sinks must be a list of sinks, got str; pass e.g. sinks=[TextSink()]"),
     ({"name": 5}, TypeError, "name must be text, got int 5; pass e.g. name='baseline'"),
 ])
@@ -1337,7 +1337,7 @@ def test_a_monitored_loop_that_never_gives_a_loss_has_no_losses_and_says_so():
     with pytest.raises(Disagree, match=r"^by hand logged no loss \(wb.run logged 2\): call mon.loss\(loss\) in each step$"):
         wb.agree(result, measured)
     pytest.importorskip("ipywidgets")
-    from workbench.core.views.dashboard import Dashboard
+    from workbench.views.dashboard import Dashboard
 
     dash = Dashboard(auto_display=False)
     for start in sink.starts:
@@ -1393,7 +1393,7 @@ def _nan_on_rank_1_at_step_4():
 
 
 def test_one_monitored_process_diverging_stops_every_process_together():
-    from workbench.core.engine.launch import launch_function
+    from workbench.engine.launch import launch_function
 
     ranks = launch_function(_nan_on_rank_1_at_step_4, num_processes=2, device="cpu", timeout_s=120)
     message = ("the loss became non-finite (nan or inf) at step 4; stopped the loop at step 4; "
@@ -1408,7 +1408,7 @@ def _qat_prepared(bits: int | None = 4, **fake_quantize) -> torch.nn.Module:
     from torchao.quantization import quantize_
     from torchao.quantization.qat import IntxFakeQuantizeConfig, QATConfig
 
-    from workbench.core.switches.qat import prepare_qat
+    from workbench.switches.qat import prepare_qat
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))

@@ -6,14 +6,14 @@ import accelerate.utils
 import pytest
 
 from workbench import RunConfig, run
-from workbench.core.engine import train
-from workbench.core.engine.launch import (
+from workbench.engine import train
+from workbench.engine.launch import (
     LaunchError,
     check_world_size,
     launch,
     launch_function,
 )
-from workbench.core.views.sinks import RecordingSink
+from workbench.views.sinks import RecordingSink
 
 TINY = dict(model="mlp", data="digits", steps=8, log_every=2, dims={"hidden": (32,)}, eval_samples=100)
 
@@ -188,7 +188,7 @@ def test_a_notebook_function_that_cannot_be_sent_to_a_spawned_child_says_so_befo
 def test_auto_follows_the_start_method_this_process_uses(monkeypatch):
     import multiprocessing
 
-    from workbench.core.engine.launch import _start_method
+    from workbench.engine.launch import _start_method
 
     monkeypatch.setattr(multiprocessing, "get_start_method", lambda allow_none=False: "spawn")  # macOS, Windows
     assert _start_method("auto") == "spawn"

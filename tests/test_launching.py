@@ -17,7 +17,7 @@ def _world():
 
 def test_each_process_returns_its_rank_in_one_world_even_after_a_run_here():
     from workbench.core.config import RunConfig
-    from workbench.core.engine.train import run
+    from workbench.engine.train import run
 
     run(RunConfig(model="mlp", data="digits", steps=2, eval_samples=0, dims={"hidden": (8,)}))  # makes an Accelerator
     assert sorted(notebook_launch(_world, num_processes=2, timeout_s=120)) == [(0, 2), (1, 2)]

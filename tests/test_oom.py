@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from workbench import ConfigError, RunConfig, run
-from workbench.core.measure.oom import (
+from workbench.measure.oom import (
     check_budget,
     format_size,
     oom_message,

@@ -27,7 +27,7 @@ from workbench.core.data import (
 from workbench.core.data.catalog import MNIST_MEAN, MNIST_STD
 from workbench.lessons import input_pipelines as pl
 from workbench.lessons import input_pipelines as bench
-from workbench.core.views.sinks import RecordingSink
+from workbench.views.sinks import RecordingSink
 
 REPO = Path(__file__).resolve().parents[1]
 

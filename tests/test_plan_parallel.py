@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from workbench import RunConfig
-from workbench.core.engine.launch import launch_function
+from workbench.engine.launch import launch_function
 from workbench.planner import parallel
 from workbench.planner.parallel import Cluster, plan_parallel
 
@@ -26,7 +26,7 @@ def _real_wrap(model, strategy, mesh, cfg):
     if strategy == "dp":
         from torch.nn.parallel import DistributedDataParallel
 
-        from workbench.planner.communication import CollectiveCounter
+        from workbench.measure.communication import CollectiveCounter
 
         ddp = DistributedDataParallel(model)
         CollectiveCounter.watch_ddp(ddp)  # the reducer's all-reduce, through Python, counted
@@ -57,7 +57,7 @@ def _launch(fn, *args, num_processes):
     machine a 4-process launch now and then hangs before `fn` starts (the process group never
     forms: twice in about fifteen launches; in the one examined, `fn` had not started), the hang
     notebook 06's launcher retries for (lessons.multi_gpu)."""
-    from workbench.core.engine.launch import LaunchError
+    from workbench.engine.launch import LaunchError
 
     try:
         return launch_function(fn, *args, num_processes=num_processes, device="cpu", timeout_s=150)

@@ -7,8 +7,8 @@ import torch
 
 from workbench import RunConfig
 from workbench.planner.estimate import estimate
-from workbench.core.measure.oom import parse_oom
-from workbench.core.engine.train import run
+from workbench.measure.oom import parse_oom
+from workbench.engine.train import run
 from workbench.lessons.planner import Verification, max_micro_batch, search_micro_batch
 from workbench.planner.planning import Target, explain, plan
 
@@ -119,7 +119,7 @@ def test_tf32_decides_what_fp32_runs_at_and_bf16_gains_no_more_than_the_peaks_al
 
 
 def test_this_machine_times_each_micro_batch_once_and_adds_the_optimizer_step(monkeypatch):
-    from workbench.planner.roofline import MeasuredHere
+    from workbench.planner.speed import MeasuredHere
 
     timed = []
 

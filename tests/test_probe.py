@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from workbench import RunConfig
-from workbench.lessons.probe import (
+from workbench.measure.probe import (
     gradients,
     make_probe,
     max_relative_difference,

@@ -15,15 +15,15 @@ from workbench.core import hardware
 from workbench.core.config import ConfigError, RunConfig, field_choices
 from workbench.core.models import GPT, MLP, loss_fn, set_attention
 from workbench.core.optim import IMPLEMENTATIONS, implementation_problem, make_optimizer
-from workbench.core.engine.phases import LoopPhases
-from workbench.core.switches.compiling import compile_model, tf32_matmuls
-from workbench.core.engine.train import run
-from workbench.core.measure.counters import (
+from workbench.engine.speedups import LoopPhases
+from workbench.switches.compiling import compile_model, tf32_matmuls
+from workbench.engine.train import run
+from workbench.measure.counters import (
     SavedActivationCounter,
     gpt_activation_bytes_formula,
 )
-from workbench.core.measure.flops import FlopCounter
-from workbench.core.measure.result import RunResult
+from workbench.measure.flops import FlopCounter
+from workbench.measure.result import RunResult
 from workbench.lessons.speed import compile_payback, graph_breaks, optimizer_bench, phase_ms, saved_bytes
 
 NO_COMPILER = "torch.compile on a CPU needs a C++ compiler (g++ or $CXX) and none is installed"

@@ -28,37 +28,37 @@ _EXPORTS = {
     "run": "api",
     "launch": "api",
     "monitor": "api",
-    "share": "classroom.sharing",
+    "share": "measure.room",
     "training_parts": "api",
     "claims": "lessons.exercises",
-    "last_result": "core.engine.ending",
-    "RunInterrupted": "core.engine.ending",
-    "RunResult": "core.measure.result",
-    "MemoryBreakdown": "core.measure.result",
-    "compare": "core.views.compare",
-    "Comparison": "core.views.compare",
+    "last_result": "engine.ending",
+    "RunInterrupted": "engine.ending",
+    "RunResult": "measure.result",
+    "MemoryBreakdown": "measure.result",
+    "compare": "views.compare",
+    "Comparison": "views.compare",
     "hardware_report": "core.hardware",
     "get_preset": "core.presets",
     "load_data": "core.data",
     "build_model": "core.models",
-    "set_activation_checkpointing": "core.switches.activation_checkpointing",
-    "Sink": "core.measure.records",
-    "RunStart": "core.measure.records",
-    "StepRecord": "core.measure.records",
-    "RunEnd": "core.measure.records",
-    "TextSink": "core.views.sinks",
-    "RecordingSink": "core.views.sinks",
+    "set_activation_checkpointing": "switches.checkpointing",
+    "Sink": "measure.records",
+    "RunStart": "measure.records",
+    "StepRecord": "measure.records",
+    "RunEnd": "measure.records",
+    "TextSink": "views.sinks",
+    "RecordingSink": "views.sinks",
     "format_bytes": "core.report",
-    "Dashboard": "core.views.dashboard",
+    "Dashboard": "views.dashboard",
     "check": "lessons.exercises",
     "agree": "lessons.exercises",
-    "calibration": "classroom.ledger",
-    "room_calibration": "classroom.ledger",
-    "launch_function": "core.engine.launch",
-    "LaunchError": "core.engine.launch",
+    "calibration": "lessons.ledger",
+    "room_calibration": "lessons.ledger",
+    "launch_function": "engine.launch",
+    "LaunchError": "engine.launch",
     "Estimate": "planner.estimate",
     "estimate": "planner.estimate",
-    "parse_oom": "core.measure.oom",
+    "parse_oom": "measure.oom",
     "plan": "planner.planning",
     "Target": "planner.planning",
     "Cluster": "planner.parallel",
@@ -86,19 +86,19 @@ if TYPE_CHECKING:
     from workbench.core.data import load_data
     from workbench.core.hardware import hardware_report
     from workbench.core.models import build_model
-    from workbench.core.switches.activation_checkpointing import set_activation_checkpointing
+    from workbench.switches.checkpointing import set_activation_checkpointing
     from workbench.core.presets import get_preset
     from workbench.core.report import format_bytes
-    from workbench.core.engine.ending import RunInterrupted, last_result
-    from workbench.core.engine.launch import LaunchError, launch_function
+    from workbench.engine.ending import RunInterrupted, last_result
+    from workbench.engine.launch import LaunchError, launch_function
     from workbench.planner.estimate import Estimate, estimate
-    from workbench.core.measure.oom import parse_oom
-    from workbench.core.measure.records import RunEnd, RunStart, Sink, StepRecord
-    from workbench.core.measure.result import MemoryBreakdown, RunResult
+    from workbench.measure.oom import parse_oom
+    from workbench.measure.records import RunEnd, RunStart, Sink, StepRecord
+    from workbench.measure.result import MemoryBreakdown, RunResult
     from workbench.lessons.exercises import agree, check, claims
-    from workbench.classroom.ledger import calibration, room_calibration
+    from workbench.lessons.ledger import calibration, room_calibration
     from workbench.planner.parallel import Cluster, plan_parallel
     from workbench.planner.planning import Target, plan
-    from workbench.core.views.compare import Comparison, compare
-    from workbench.core.views.dashboard import Dashboard
-    from workbench.core.views.sinks import RecordingSink, TextSink
+    from workbench.views.compare import Comparison, compare
+    from workbench.views.dashboard import Dashboard
+    from workbench.views.sinks import RecordingSink, TextSink

@@ -11,17 +11,17 @@ from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 from workbench.core.config import RunConfig
-from workbench.core.engine import launch as _launch
-from workbench.core.engine import monitor as _monitor
-from workbench.core.engine import train as _train
-from workbench.core.measure.records import Sink
-from workbench.core.measure.result import RunResult
-from workbench.core.views.dashboard import default_sinks
+from workbench.engine import launch as _launch
+from workbench.engine import monitor as _monitor
+from workbench.engine import train as _train
+from workbench.measure.records import Sink
+from workbench.measure.result import RunResult
+from workbench.views.dashboard import default_sinks
 
 
 def run(config: RunConfig, *, sinks: Iterable[Sink] | None = None, name: str | None = None,
         keep_model: bool = False) -> RunResult:
-    """Train one run and measure it (`workbench.core.engine.train.run`), shown live.
+    """Train one run and measure it (`workbench.engine.train.run`), shown live.
 
     sinks: where the records go; None: the live dashboard in a notebook, a text log elsewhere.
 
@@ -33,7 +33,7 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] | None = None, name: str | N
 
 def launch(config: RunConfig, *, num_processes: int = 2, name: str | None = None,
            sinks: Iterable[Sink] | None = None, **kwargs: Any) -> RunResult:
-    """`config` data-parallel on `num_processes` processes (`workbench.core.engine.launch.launch`),
+    """`config` data-parallel on `num_processes` processes (`workbench.engine.launch.launch`),
     rank 0's records shown live; None sinks: the dashboard in a notebook, text elsewhere."""
     return _launch.launch(config, num_processes=num_processes, name=name,
                           sinks=default_sinks() if sinks is None else sinks, **kwargs)
@@ -41,7 +41,7 @@ def launch(config: RunConfig, *, num_processes: int = 2, name: str | None = None
 
 def monitor(model: Any, optimizer: Any = None, *, steps: int, name: str = "hand-written loop",
             sinks: Iterable[Sink] | None = None, **kwargs: Any) -> _monitor.Monitor:
-    """Measure a hand-written loop (`workbench.core.engine.monitor.monitor`), shown live; None sinks:
+    """Measure a hand-written loop (`workbench.engine.monitor.monitor`), shown live; None sinks:
     the dashboard in a notebook, text elsewhere."""
     return _monitor.monitor(model, optimizer, steps=steps, name=name,
                             sinks=default_sinks() if sinks is None else sinks, **kwargs)
@@ -72,7 +72,7 @@ def training_parts(config: RunConfig, *, device: str | None = None) -> TrainingP
     """
     from workbench.core import custom
     from workbench.core.hardware import resolve_device
-    from workbench.core.switches import data_loading, optimizer
+    from workbench.switches import data_loading, optimizer
 
     c = config.resolved()
     device = device or resolve_device(c.device)

@@ -114,7 +114,7 @@ def latest_save(folder: str | None) -> str | None:
     if not folder:
         raise ConfigError("resume_from='auto' resumes from the latest save in save_state_dir; "
                           "pass --save-state-dir DIR with it")
-    from workbench.core.engine.resume import find
+    from workbench.engine.resume import find
 
     try:
         return str(find(folder))
@@ -196,8 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(problem)  # before training, so the figures are not lost after it
     if problem := _fail_at_step_problem(args):
         parser.error(problem)
-    from workbench.core.engine.train import RunInterrupted, run
-    from workbench.core.views.sinks import TextSink
+    from workbench.engine.train import RunInterrupted, run
+    from workbench.views.sinks import TextSink
 
     try:
         if config.resume_from and int(os.environ.get("RANK", "0")) == 0:

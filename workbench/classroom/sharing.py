@@ -24,9 +24,9 @@ import uuid
 from typing import Any
 
 from workbench.core.config import RunConfig
-from workbench.classroom.fingerprint import fingerprint
+from workbench.core.fingerprint import fingerprint
 from workbench.core.report import Results
-from workbench.core.measure.result import RunResult
+from workbench.measure.result import RunResult
 
 ROOM_VARIABLE = "WORKBENCH_ROOM"
 PROJECT = "workbench-room"

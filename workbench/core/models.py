@@ -3,7 +3,7 @@ for language modelling, and the pretrained MiniLM (all-MiniLM-L6-v2) for text
 classification. Every model is called the same way: `logits = model(batch["inputs"])`.
 
 `build_model(name, data=..., dims=...)` builds one sized by a preset; the switches that
-change a built model (checkpointing, attention, ...) are in `workbench/core/switches/`.
+change a built model (checkpointing, attention, ...) are in `workbench/switches/`.
 
 Example:
     >>> torch.manual_seed(0)  # doctest: +SKIP

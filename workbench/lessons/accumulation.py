@@ -27,10 +27,10 @@ from accelerate import Accelerator
 from torch import nn
 from workbench.core.models import loss_fn
 from workbench.core.report import Table
-from workbench.core.engine.accelerator import make_accelerator
+from workbench.engine.accelerator import make_accelerator
 # make_probe, gradients, max_relative_difference: re-exported for the notebook's own cells
-from workbench.lessons.probe import PeakReading, Probe, gradients, make_probe, max_relative_difference, step_peak
-from workbench.lessons.figures_accumulation import memory_timeline_figure  # re-exported for the notebook
+from workbench.measure.probe import PeakReading, Probe, gradients, make_probe, max_relative_difference, step_peak
+from workbench.views.figures_accumulation import memory_timeline_figure  # re-exported for the notebook
 
 
 __all__ = ["Rows", "accumulation_check", "window_peak", "padded_labels", "claim_rows", "effective_batch",

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.core.report import Report
-from workbench.classroom.ledger import record
+from workbench.lessons.ledger import record
 
 
 class WrongAnswer(AssertionError):

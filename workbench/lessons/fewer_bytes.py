@@ -28,7 +28,7 @@ import torch
 from workbench.core.models import loss_fn
 from workbench.core.report import Report, format_bytes
 from workbench.core.torchao_support import quiet_torchao_logs
-from workbench.core.measure.counters import gradient_bytes, optimizer_state_bytes, parameter_bytes
+from workbench.measure.counters import gradient_bytes, optimizer_state_bytes, parameter_bytes
 
 __all__ = ["ModelState", "one_step_bytes", "state_bytes", "quiet_torchao"]
 

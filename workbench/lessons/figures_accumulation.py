@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from workbench.core.measure.result import RunResult
-from workbench.lessons.figures_precision import Picture
+from workbench.measure.result import RunResult
+from workbench.views.figures_precision import Picture
 
 __all__ = ["PARTS", "phase_bytes", "memory_timeline_figure"]
 

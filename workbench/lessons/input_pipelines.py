@@ -46,8 +46,8 @@ from workbench.core.data.files import (  # noqa: F401
 )
 from workbench.core.report import Report, figure_html
 from workbench.lessons.exercises import check
-from workbench.classroom.ledger import record
-from workbench.lessons.contention import other_work  # noqa: F401
+from workbench.lessons.ledger import record
+from workbench.measure.contention import other_work  # noqa: F401
 
 
 def release_on_error(loader: Iterable) -> Iterator:
@@ -233,8 +233,8 @@ def loader_sweep(base: Any, plan: Sequence[tuple[str, dict[str, Any]]], *, done:
                  sinks: Any = None) -> list[Any]:
     """run() the baseline config once per plan entry ("x2" doubles the batch size), in plan
     order; entries named like a result in `done` reuse that result instead of running again."""
-    from workbench.core.engine.train import run
-    from workbench.core.views.dashboard import default_sinks
+    from workbench.engine.train import run
+    from workbench.views.dashboard import default_sinks
 
     have = {r.name: r for r in done}
     batch = base.resolved().batch_size

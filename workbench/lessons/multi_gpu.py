@@ -43,7 +43,7 @@ class Attempt:
     after `timeout_s` and marks it hung (the exception the stopped launch raises is swallowed)."""
 
     def __init__(self, timeout_s: float, num_processes: int) -> None:
-        from workbench.core.engine.launch import free_port
+        from workbench.engine.launch import free_port
         self.timeout_s, self.hung = timeout_s, False
         self.returns = multiprocessing.get_context("fork").SimpleQueue()  # shared with the forked children
         self.port = str(free_port())  # not accelerate's default 29500: other jobs here may hold it
@@ -81,7 +81,7 @@ def launch_attempts(*, timeout_s: float = 60.0, retries: int = 1, num_processes:
     """Tries of a launch, until one does not hang (at most `retries` + 1); raises LaunchHung
     when every one did. Forgets this process's accelerate state first: notebook_launcher refuses
     to start once a cell made an Accelerator (wb.run does), and the children make their own."""
-    from workbench.core.engine.accelerator import reset_accelerate_state
+    from workbench.engine.accelerator import reset_accelerate_state
 
     reset_accelerate_state(keep_process_group=False)
     for number in range(retries + 1):

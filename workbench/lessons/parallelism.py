@@ -31,10 +31,10 @@ import torch
 from torch import nn
 
 from workbench.core.report import format_bytes
-from workbench.planner.communication import CollectiveCounter, wire_bytes
-from workbench.core.measure.counters import SavedActivationCounter, parameter_bytes
-from workbench.lessons.probe import tensor_peak
-from workbench.planner.parallelize import (
+from workbench.measure.communication import CollectiveCounter, wire_bytes
+from workbench.measure.counters import SavedActivationCounter, parameter_bytes
+from workbench.measure.probe import tensor_peak
+from workbench.switches.parallelize import (
     group_qkv_by_process,
     pipeline_stages,
     stage_layers,
@@ -326,7 +326,7 @@ def _parts(config: Any) -> tuple[Any, nn.Module, Iterator[dict]]:
     """What `wb.training_parts(config)` gives on the CPU (the top layer's, not importable here):
     the resolved config, the seeded model and the reshuffled batches run() trains on."""
     from workbench.core import custom
-    from workbench.core.switches import data_loading
+    from workbench.switches import data_loading
 
     c = config.resolved()
     bundle = custom.load_bundle(c)
@@ -348,7 +348,7 @@ def launch(fn: Any, *args: Any, num_processes: int = 2, timeout_s: float = 90.0,
     here: 1 of 10 launches hung (a child asleep on a futex for 9 minutes, load 6 on 2 cores). A hung
     launch is stopped after `timeout_s` and started again, at most `retries` times; a child that
     raises is not retried."""
-    from workbench.core.engine.launch import LaunchError, launch_function
+    from workbench.engine.launch import LaunchError, launch_function
 
     for attempt in range(retries + 1):
         try:

@@ -34,8 +34,8 @@ from typing import NamedTuple
 import torch
 from workbench.core import hardware
 from workbench.core.hardware import precision_here
-from workbench.planner.live import CUDA_BLOCK_BYTES, LiveTensors
-from workbench.core.measure.records import RunEnd, RunStart, StepRecord
+from workbench.measure.live import CUDA_BLOCK_BYTES, LiveTensors
+from workbench.measure.records import RunEnd, RunStart, StepRecord
 
 
 __all__ = ["max_micro_batch", "search_micro_batch", "Verification", "accelerate_estimate", "explain",
@@ -83,7 +83,7 @@ def search_micro_batch(config: RunConfig, *, start: int, reduce: Callable[[int],
     import torch
     from accelerate.utils import find_executable_batch_size
 
-    from workbench.core.engine.train import run
+    from workbench.engine.train import run
     from workbench.planner.fit import DoesNotFit
 
     runner = runner or run
@@ -241,7 +241,7 @@ def measure_step_peak(config: RunConfig, *, steps: int = 3) -> StepPeaks:
     """Run `config` for `steps` optimizer steps (logging every step, no evaluation) and
     return each step's peak. The data set is loaded first, outside the tracking."""
     from workbench.core.data import load_data
-    from workbench.core.engine.train import run
+    from workbench.engine.train import run
 
     if steps < 2:
         raise ValueError(f"steps={steps} must be at least 2: the first step creates the optimizer state")

@@ -71,8 +71,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from workbench.core.report import Results, Table, format_bytes
-from workbench.lessons.contention import interleaved_speedup
-from workbench.lessons.figures_memory import weight_grid  # noqa: F401
+from workbench.measure.contention import interleaved_speedup
+from workbench.views.figures_memory import weight_grid  # noqa: F401
 
 
 BACKENDS = ("torchao", "torch.ao")

@@ -18,9 +18,9 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from workbench.classroom.fingerprint import CAP_VARIABLES
-from workbench.classroom.sharing import PROJECT, room_records
-from workbench.classroom.room_view import calibration_table, effects, outlier_table, outliers, room_figure, room_table
+from workbench.core.fingerprint import CAP_VARIABLES
+from workbench.measure.room import PROJECT, room_records
+from workbench.views.room import calibration_table, effects, outlier_table, outliers, room_figure, room_table
 
 __all__ = ["Room", "as_learner", "calibration_table", "effects", "outlier_table", "outliers", "room_figure",
            "room_records", "room_table", "start_room"]

@@ -36,9 +36,9 @@ import torch
 from workbench.core import hardware
 from workbench.core.hardware import missing_here
 from workbench.core.report import Report, Results
-from workbench.core.measure.counters import SavedActivationCounter
-from workbench.lessons.probe import max_relative_difference
-from workbench.core.measure.result import RunResult
+from workbench.measure.counters import SavedActivationCounter
+from workbench.measure.probe import max_relative_difference
+from workbench.measure.result import RunResult
 
 __all__ = ["Payback", "GraphBreaks", "OptimizerBench", "compile_problem", "phase_ms", "saved_bytes",
            "optimizer_bench", "compile_payback", "graph_breaks", "matmul_seconds", "missing_here"]

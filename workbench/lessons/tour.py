@@ -12,8 +12,8 @@ from typing import Any
 
 from workbench.core.presets import get_preset
 from workbench.lessons.exercises import check
-from workbench.classroom.ledger import record
-from workbench.lessons.contention import CoreShare, core_share
+from workbench.lessons.ledger import record
+from workbench.measure.contention import CoreShare, core_share
 
 __all__ = ["check_speed", "claim_rows", "core_share", "direction"]
 

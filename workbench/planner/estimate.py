@@ -48,9 +48,7 @@ from workbench.core.precisions import DTYPES
 from workbench.core.report import Report, counted_rows, format_bytes
 from workbench.planner import fakecuda, fakestate, fakestep
 from workbench.planner.fakemodel import ModuleKey, cannot_trace, fake_mode, own_spec_key
-from workbench.core.switches import attention, sharding, trainable
-from workbench.core.switches import gradient_accumulation as accumulation
-from workbench.core.switches import activation_checkpointing as checkpointing
+from workbench.switches import accumulation, attention, checkpointing, sharding, trainable
 
 __all__ = ["Estimate", "accelerate_estimate", "estimate", "input_spec", "model_key"]
 

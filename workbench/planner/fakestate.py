@@ -25,8 +25,8 @@ from torch import nn
 
 from workbench.planner.fakecuda import device_bytes
 from workbench.planner.fakemodel import ModuleKey, fake_copy, fake_mode
-from workbench.planner.live import CUDA_BLOCK_BYTES, LiveTensors
-from workbench.core.switches.trainable import ALL_TRAIN, FIELDS
+from workbench.measure.live import CUDA_BLOCK_BYTES, LiveTensors
+from workbench.switches.trainable import ALL_TRAIN, FIELDS
 
 __all__ = ["ModelState", "build", "model_state"]
 
@@ -82,7 +82,7 @@ def model_state(model_name: str, spec_key: tuple, dims: tuple, optimizer: str, w
     rank): the bytes that rank holds when the model state is sharded (sharding='full')."""
     from workbench.core.config import RunConfig
     from workbench.core.optim import make_optimizer
-    from workbench.core.measure.counters import gradient_bytes, optimizer_state_bytes, parameter_bytes, shard_rows
+    from workbench.measure.counters import gradient_bytes, optimizer_state_bytes, parameter_bytes, shard_rows
 
     if optimizer == "adamw8bit":
         # Its 256-entry lookup tables are built from Python lists, which fake tensors cannot
@@ -144,7 +144,7 @@ def _optimizer_steps(opt: torch.optim.Optimizer, params: list[nn.Parameter], res
     (resident bytes of `resident` and the state, peak of the second step's temporaries, its ops)."""
     from torch._subclasses.fake_tensor import DataDependentOutputException
 
-    from workbench.core.measure.flops import FlopCounter
+    from workbench.measure.flops import FlopCounter
 
     live = LiveTensors(round_to=CUDA_BLOCK_BYTES if device == "cuda" else 1)
     ops = FlopCounter(record_ops=True)
@@ -167,7 +167,7 @@ def _optimizer_steps(opt: torch.optim.Optimizer, params: list[nn.Parameter], res
 def _resident_bytes(tensors: list[torch.Tensor], opt: torch.optim.Optimizer, device: str, *, host_steps: bool) -> int:
     """Device bytes of `tensors` and of the optimizer's state, each storage once (`host_steps`:
     without the `step` counters, which torch keeps on the host)."""
-    from workbench.core.measure.counters import _held
+    from workbench.measure.counters import _held
 
     state = [leaf for s in opt.state.values() for k, v in s.items()
              if isinstance(v, torch.Tensor) and not (host_steps and k == "step") for leaf in _held(v)]

@@ -50,9 +50,9 @@ from workbench.core.precisions import AUTOCAST_DTYPES
 from workbench.planner.fakecuda import CudaAutocastPolicy, run_backward
 from workbench.planner.fakemodel import fake_mode, sample
 from workbench.planner.fakestate import build
-from workbench.planner.live import CUDA_BLOCK_BYTES, LiveTensors
-from workbench.core.measure.meters import LOSS_WINDOW_SLOTS
-from workbench.core.switches.activation_checkpointing import set_activation_checkpointing
+from workbench.measure.live import CUDA_BLOCK_BYTES, LiveTensors
+from workbench.measure.meters import LOSS_WINDOW_SLOTS
+from workbench.switches.checkpointing import set_activation_checkpointing
 
 __all__ = ["Mark", "Simulation", "StepOps", "simulate"]
 
@@ -192,8 +192,8 @@ def _replay(model_name: str, spec_key: tuple, dims: tuple, precision: str, check
     """
     micro_batches = 2
     from workbench.core.models import loss_fn
-    from workbench.core.measure.counters import SavedActivationCounter
-    from workbench.core.measure.flops import FlopCounter
+    from workbench.measure.counters import SavedActivationCounter
+    from workbench.measure.flops import FlopCounter
 
     with fake_mode():
         model = build(model_name, spec_key, dims)

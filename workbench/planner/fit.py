@@ -41,8 +41,8 @@ from workbench.core.config import ConfigError, RunConfig
 from workbench.core.data import DATASETS
 from workbench.core.models import MODEL_SPECS
 from workbench.core.report import format_bytes
-from workbench.core.measure.counters import gpt_activation_bytes_formula
-from workbench.core.measure.meters import status_bytes
+from workbench.measure.counters import gpt_activation_bytes_formula
+from workbench.measure.meters import status_bytes
 
 __all__ = ["DoesNotFit", "Need", "cgroup_room", "check_fits", "floor_bytes", "free_bytes", "need_bytes"]
 

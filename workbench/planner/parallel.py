@@ -44,9 +44,9 @@ from torch import nn
 
 from workbench.core.config import RunConfig
 from workbench.core.report import Report, format_bytes
-from workbench.planner.communication import CollectiveCounter, wire_bytes
-from workbench.core.measure.counters import gradient_bytes, optimizer_state_bytes, parameter_bytes, shard_rows
-from workbench.planner.live import LiveTensors
+from workbench.measure.communication import CollectiveCounter, wire_bytes
+from workbench.measure.counters import gradient_bytes, optimizer_state_bytes, parameter_bytes, shard_rows
+from workbench.measure.live import LiveTensors
 
 __all__ = ["STRATEGIES", "Cluster", "ParallelPlan", "ParallelPlans", "parallel_step", "plan_parallel", "replay"]
 
@@ -215,7 +215,7 @@ def pipeline(model: nn.Module, mesh: Any, cfg: RunConfig) -> tuple[nn.Module, Ca
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
     from workbench.core.models import loss_fn
-    from workbench.planner.parallelize import pipeline_stages, sync_tied_grads
+    from workbench.switches.parallelize import pipeline_stages, sync_tied_grads
 
     stages, rank = mesh.size(), dist.get_rank()
     stage = pipeline_stages(model, stages, rank)
@@ -254,8 +254,8 @@ def wrap(model: nn.Module, strategy: str, mesh: Any, cfg: RunConfig) -> tuple[nn
     """The model as `strategy` runs it on this rank (what the optimizer holds), and its step's
     forward and backward. FSDP x TP: blocks split by tensor along a row of the mesh, then
     sharded down its columns."""
-    from workbench.planner.parallelize import tensor_parallel
-    from workbench.core.switches.sharding import shard_model
+    from workbench.switches.parallelize import tensor_parallel
+    from workbench.switches.sharding import shard_model
 
     if strategy == "dp":
         return model, plain_backward(model, ddp_buckets(model))
@@ -312,7 +312,7 @@ def fake_world(strategy: str, processes: int, rank: int, tp: int) -> Iterator[An
         with _meshes_on_real_tensors():
             yield make_mesh(strategy, processes, tp)  # made outside fake mode: it reads its ranks' values
     finally:
-        from workbench.planner import parallelize
+        from workbench.switches import parallelize
 
         parallelize._TIED_GROUPS.clear()  # its cached head-and-embedding group died with this world
         dist.destroy_process_group()
@@ -370,7 +370,7 @@ def _shares(config: RunConfig, strategy: str, processes: int, tp: int) -> list[t
     replay serves both): the rows FSDP2 gives each parameter (under TP, of its whole or its
     1/tp first dimension, whichever it has); TP alone splits evenly (every rank alike)."""
     if strategy == "pp":  # the first and last stages differ; middle ones by their blocks
-        from workbench.planner.parallelize import stage_layers
+        from workbench.switches.parallelize import stage_layers
 
         layers = stage_layers(config.resolved().dims["n_layer"], processes)
         return [(r == 0, r == processes - 1, len(layers[r])) for r in range(processes)]

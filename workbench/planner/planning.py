@@ -39,7 +39,7 @@ from workbench.core.config import ConfigError, RunConfig
 from workbench.core.optim import OPTIMIZERS
 from workbench.core.report import Report, format_bytes
 from workbench.planner.estimate import Estimate, estimate
-from workbench.core.switches.activation_checkpointing import CHOICES as CHECKPOINTING
+from workbench.switches.checkpointing import CHOICES as CHECKPOINTING
 
 __all__ = ["Target", "Plan", "Plans", "plan", "explain"]
 
@@ -69,7 +69,7 @@ class Target:
 
     @property
     def speed_model(self) -> Any:
-        from workbench.planner.roofline import Roofline
+        from workbench.planner.speed import Roofline
 
         return self.speed or Roofline(self.peak_flops, None)
 
@@ -115,7 +115,7 @@ class Target:
             precision_support,
             resolve_device,
         )
-        from workbench.planner.roofline import MeasuredHere
+        from workbench.planner.speed import MeasuredHere
 
         if not _whole(memory_budget_bytes) or memory_budget_bytes < 1:
             raise ValueError(f"memory_budget_bytes={memory_budget_bytes!r} must be a whole number of bytes >= 1; "
@@ -143,7 +143,7 @@ def _roofline(key: str, *, tf32: bool) -> Any:
     """A roofline from GPU_SPECS[key]: its dense peaks (fp32 matmuls on TF32 if `tf32` and the
     card has it) and its memory bandwidth."""
     from workbench.core.hardware import GPU_SPECS
-    from workbench.planner.roofline import Roofline
+    from workbench.planner.speed import Roofline
 
     spec = GPU_SPECS[key]
     peaks = {p: t * 1e12 for p, t in spec.tflops.items() if p != "tf32"}

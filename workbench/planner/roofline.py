@@ -91,7 +91,7 @@ class MeasuredHere:
 
     def _time(self, cfg: Any, vocab_size: int | None, *, optimizer_step: bool) -> float:
         from workbench.core.models import build_model, loss_fn
-        from workbench.core.switches.activation_checkpointing import set_activation_checkpointing
+        from workbench.switches.checkpointing import set_activation_checkpointing
         from workbench.core.optim import make_optimizer
         from workbench.core.precisions import AUTOCAST_DTYPES
         from workbench.planner.estimate import input_spec

@@ -28,7 +28,7 @@ from workbench.core import custom, limits
 from workbench.core.data import DATASETS, train_size
 from workbench.core.errors import ConfigError
 from workbench.core.models import MODEL_SPECS
-from workbench.core.switches import CHECKED
+from workbench.switches import CHECKED
 
 Choices = Callable[[str], tuple[str, ...]]
 """A field's name -> the names it accepts (config.field_choices)."""

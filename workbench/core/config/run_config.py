@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from workbench.core import cpu_class, custom, hardware
-from workbench.core.config.checks import check_types, check_values, one_of
+from workbench.core.checks import check_types, check_values, one_of
 from workbench.core.data import DATASETS
 from workbench.core.errors import ConfigError
 from workbench.core.models import MODELS
@@ -30,8 +30,7 @@ from workbench.core.optim import IMPLEMENTATIONS, OPTIMIZERS
 from workbench.core.precisions import PRECISIONS, scaler_kwargs
 from workbench.core.presets import PRESETS, get_preset
 from workbench.core.trainable import FREEZE_CHOICES, LORA_TARGETS
-from workbench.core.switches import attention, compiling, qat, sharding
-from workbench.core.switches import activation_checkpointing as checkpointing
+from workbench.switches import attention, checkpointing, compiling, qat, sharding
 
 __all__ = ["ConfigError", "RunConfig", "field_choices"]
 

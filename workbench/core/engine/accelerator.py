@@ -15,8 +15,7 @@ import functools
 from typing import Any
 
 from workbench.core import hardware
-from workbench.core.switches import data_loading, precision
-from workbench.core.switches import gradient_accumulation as accumulation
+from workbench.switches import accumulation, data_loading, precision
 
 
 def reset_accelerate_state(*, keep_process_group: bool | None = None) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from types import MethodType
 
 from workbench.core.config import ConfigError
-from workbench.core.measure.result import RunResult
+from workbench.measure.result import RunResult
 
 __all__ = ["Diverged", "RunInterrupted", "diverged_message", "free", "keep_partial", "last_result", "non_finite_loss",
            "remember", "untangle"]

@@ -40,9 +40,9 @@ from typing import Any
 from workbench.core import custom
 from workbench.core.config import RunConfig
 from workbench.core.limits import usable_cores
-from workbench.core.measure.recorder import Recorder
-from workbench.core.measure.records import RunEnd, RunStart, Sink, StepRecord
-from workbench.core.measure.result import RunResult
+from workbench.measure.recorder import Recorder
+from workbench.measure.records import RunEnd, RunStart, Sink, StepRecord
+from workbench.measure.result import RunResult
 
 _POLL_S = 0.05  # how often the parent looks at the pipes and the children
 
@@ -90,7 +90,7 @@ def _child(target: RunConfig | Callable[..., Any], args: tuple, name: str | None
     import torch
     from accelerate.state import PartialState
 
-    from workbench.core.engine.accelerator import reset_accelerate_state
+    from workbench.engine.accelerator import reset_accelerate_state
 
     rank = int(os.environ["RANK"])
     conn = conns[rank]
@@ -107,7 +107,7 @@ def _child(target: RunConfig | Callable[..., Any], args: tuple, name: str | None
         conn.send(("hello", {"rank": state.process_index, "world_size": state.num_processes,
                              "threads": torch.get_num_threads(), "pid": os.getpid(), "device": str(state.device)}))
         if isinstance(target, RunConfig):
-            from workbench.core.engine.train import run
+            from workbench.engine.train import run
 
             value: Any = run(target, sinks=[_PipeSink(conn)], name=name)
         else:
@@ -413,7 +413,7 @@ def _warm_up(cfg: RunConfig) -> None:
     import torch._dynamo  # noqa: F401  (accelerate's prepare() imports it: seconds, per child)
 
     from workbench.core.data import load_data
-    from workbench.core.engine import train  # noqa: F401  (the loop and what it imports)
+    from workbench.engine import train  # noqa: F401  (the loop and what it imports)
 
     # The same arguments as run() uses, so the children hit this cache (a dataset passed in is in memory).
     if not custom.is_own_data(cfg.data):

@@ -37,15 +37,15 @@ import torch
 from workbench.core import hardware
 from workbench.core.compile_cache import damaged_cache
 from workbench.core.precisions import PRECISIONS
-from workbench.core.engine.ending import Diverged, RunInterrupted, non_finite_loss, remember
-from workbench.core.engine.state import LossWindow
-from workbench.core.measure.counters import SavedActivationCounter
-from workbench.core.measure.flops import FlopCounter
-from workbench.core.measure.meters import MemoryMeter
-from workbench.core.measure.recorder import Recorder
-from workbench.core.measure.records import Sink
-from workbench.core.measure.result import LoopDescription, RunResult
-from workbench.core.switches.precision import stops_on
+from workbench.engine.ending import Diverged, RunInterrupted, non_finite_loss, remember
+from workbench.engine.state import LossWindow
+from workbench.measure.counters import SavedActivationCounter
+from workbench.measure.flops import FlopCounter
+from workbench.measure.meters import MemoryMeter
+from workbench.measure.recorder import Recorder
+from workbench.measure.records import Sink
+from workbench.measure.result import LoopDescription, RunResult
+from workbench.switches.precision import stops_on
 
 NO_LOSS_NOTE = "no loss measured: the loop never called mon.loss(loss), so the result has no loss curve"
 

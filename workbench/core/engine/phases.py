@@ -1,7 +1,7 @@
 """The profiler's phase ranges over the loop: `LoopPhases` names the loop's phases (data,
 forward, backward, optimizer, other, log) for `torch.profiler`, and costs one flag read per
 phase when no profiler runs. (Notebook 08's switches themselves, compile, TF32, attention and
-the fused optimizer, are in `workbench/core/switches/`.)
+the fused optimizer, are in `workbench/switches/`.)
 """
 
 from __future__ import annotations

@@ -264,7 +264,7 @@ def check_room(accelerator: Any, cfg: RunConfig, state: Any, model: Any) -> None
     root = Path(cfg.save_state_dir)
     every = cfg.save_every or cfg.steps
     saves = cfg.steps // every - state.step // every + (1 if cfg.steps % every else 0)
-    from workbench.core.measure.counters import parameter_bytes
+    from workbench.measure.counters import parameter_bytes
 
     # Weights, and the optimizer's fp32 moments: one (SGD momentum) or two (Adam) per weight.
     size = parameter_bytes(model) * (2 if cfg.optimizer == "sgd" else 3)

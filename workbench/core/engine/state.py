@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from workbench.core.config import RunConfig
-from workbench.core.engine import resume
-from workbench.core.measure.meters import LOSS_WINDOW_SLOTS
-from workbench.core.measure.recorder import Recorder
+from workbench.engine import resume
+from workbench.measure.meters import LOSS_WINDOW_SLOTS
+from workbench.measure.recorder import Recorder
 
 
 class LoopState(Recorder):

@@ -22,19 +22,18 @@ from typing import Any
 from workbench.core import compile_cache, custom, hardware
 from workbench.core.config import RunConfig
 from workbench.core.models import loss_fn
-from workbench.core.engine import resume
-from workbench.core.engine.accelerator import make_accelerator
-from workbench.core.engine.ending import Diverged, RunInterrupted, diverged_message, free, keep_partial, remember, untangle
-from workbench.core.engine.phases import LoopPhases
-from workbench.core.engine.state import LoopState, LossWindow, evaluate
-from workbench.core.measure import oom
-from workbench.core.measure.counters import SavedActivationCounter, gradient_bytes, optimizer_state_bytes, parameter_bytes
-from workbench.core.measure.flops import FlopCounter
-from workbench.core.measure.meters import MemoryMeter
-from workbench.core.measure.records import Sink
-from workbench.core.measure.result import RunResult
-from workbench.core.switches import attention, compiling, data_loading, optimizer, precision, qat, sharding, trainable
-from workbench.core.switches import activation_checkpointing as checkpointing
+from workbench.engine import resume
+from workbench.engine.accelerator import make_accelerator
+from workbench.engine.ending import Diverged, RunInterrupted, diverged_message, free, keep_partial, remember, untangle
+from workbench.engine.speedups import LoopPhases
+from workbench.engine.state import LoopState, LossWindow, evaluate
+from workbench.measure import oom
+from workbench.measure.counters import SavedActivationCounter, gradient_bytes, optimizer_state_bytes, parameter_bytes
+from workbench.measure.flops import FlopCounter
+from workbench.measure.meters import MemoryMeter
+from workbench.measure.records import Sink
+from workbench.measure.result import RunResult
+from workbench.switches import attention, checkpointing, compiling, data_loading, optimizer, precision, qat, sharding, trainable
 
 
 def _batches(accelerator, loader: Iterable, position: resume.DataPosition) -> Iterator[dict]:
@@ -74,7 +73,7 @@ def _checked(config: RunConfig, sinks: Iterable[Sink], name: str | None) -> tupl
     for i, sink in enumerate(sinks):
         if missing := [m for m in ("start", "log", "end") if not callable(getattr(sink, m, None))]:
             raise TypeError(f"sinks[{i}] ({type(sink).__name__}) has no {', '.join(missing)} method; a sink needs "
-                            "start(), log() and end() (see workbench.core.measure.records.Sink)")
+                            "start(), log() and end() (see workbench.measure.records.Sink)")
     return cfg, sinks, name or f"{custom.model_name(cfg.model)} {cfg.precision} b{cfg.batch_size}"
 
 

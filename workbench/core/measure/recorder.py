@@ -12,10 +12,10 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from workbench.core.measure.counters import gradient_bytes, optimizer_state_bytes, parameter_bytes
-from workbench.core.measure.meters import IntervalMeter, MemoryMeter, mfu
-from workbench.core.measure.records import RunEnd, RunStart, Sink, StepRecord
-from workbench.core.measure.result import MemoryBreakdown, RunResult
+from workbench.measure.counters import gradient_bytes, optimizer_state_bytes, parameter_bytes
+from workbench.measure.meters import IntervalMeter, MemoryMeter, mfu
+from workbench.measure.records import RunEnd, RunStart, Sink, StepRecord
+from workbench.measure.result import MemoryBreakdown, RunResult
 
 
 class Recorder:

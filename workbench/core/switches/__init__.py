@@ -18,8 +18,7 @@ checks before anything is allocated; a switch builds on core only; measure, plan
 call them. Adding one: docs/CONTRACTS.md.
 """
 
-from workbench.core.switches import attention, compiling, data_loading, optimizer, precision, qat, sharding, trainable
-from workbench.core.switches import activation_checkpointing as checkpointing
+from workbench.switches import attention, checkpointing, compiling, data_loading, optimizer, precision, qat, sharding, trainable
 
 CHECKED = (precision, data_loading, checkpointing, attention, trainable, qat, optimizer, sharding, compiling)
 """The switches RunConfig checks, in this order, once every name is known to be one of its choices."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from workbench.core.report import Results
-from workbench.core.measure.result import RunResult, metric, results_table
+from workbench.measure.result import RunResult, metric, results_table
 
 
 class Comparison(Results):

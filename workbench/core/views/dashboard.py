@@ -1,6 +1,6 @@
 """The live dashboard: a widget view of a training run, updated in place.
 
-A `Dashboard` is a sink (`workbench.core.measure.records`): the loop calls `start`, `log` and
+A `Dashboard` is a sink (`workbench.measure.records`): the loop calls `start`, `log` and
 `end` with plain records; the dashboard only draws. `run()` gives every run a view of its
 own (`default_sinks`), in the cell that runs it, untouched once its run has ended. Runs
 share a view only when the notebook passes one view to each (`sinks=[view]`): one curve
@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.core.report import format_bytes
-from workbench.core.measure.records import RunEnd, RunStart, Sink, StepRecord
-from workbench.core.measure.result import format_metric
-from workbench.core.views import run_numbers
-from workbench.core.views.sinks import TextSink
+from workbench.measure.records import RunEnd, RunStart, Sink, StepRecord
+from workbench.measure.result import format_metric
+from workbench.views import run_numbers
+from workbench.views.sinks import TextSink
 
 _MAX_SHOWN_ERRORS = 5
 # The share of a run's wall time its view may take while it trains. Before each update the
@@ -121,7 +121,7 @@ class Dashboard:
     ) -> None:
         import ipywidgets as w  # heavy imports only once a dashboard is made
 
-        from workbench.core.views.loss_plot import LossPlot
+        from workbench.views.loss_plot import LossPlot
 
         self.numbers_interval_s, self.plot_interval_s = numbers_interval_s, plot_interval_s
         self.auto_display, self.clock = auto_display, clock

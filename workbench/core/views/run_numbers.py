@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.core.report import format_bytes
-from workbench.core.measure.records import RunEnd, StepRecord
-from workbench.core.measure.result import format_metric
+from workbench.measure.records import RunEnd, StepRecord
+from workbench.measure.result import format_metric
 
 # status -> (short word for the status line, its colour, the progress bar's style)
 STATUS = {

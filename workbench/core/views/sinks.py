@@ -1,7 +1,7 @@
 """The headless sinks: a text progress log, and a recorder for tests and replays.
 
 The live widget dashboard is the other view (`dashboard.py`); all receive the records
-of `workbench.core.measure.records`.
+of `workbench.measure.records`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import time
 from typing import TextIO
 
 from workbench.core.report import format_bytes
-from workbench.core.measure.records import RunEnd, RunStart, StepRecord
-from workbench.core.measure.result import format_metric
+from workbench.measure.records import RunEnd, RunStart, StepRecord
+from workbench.measure.result import format_metric
 
 
 class RecordingSink:
