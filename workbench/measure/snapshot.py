@@ -218,9 +218,10 @@ class MemorySnapshot:
 
 
 @contextlib.contextmanager
-def cuda_history(max_entries: int = 1_000_000) -> Iterator[dict[str, Any]]:
+def cuda_history(max_entries: int = 1_000_000, stacks: str = "python") -> Iterator[dict[str, Any]]:
     """Record the CUDA caching allocator's events while the block runs; the dict it yields gets
-    the snapshot (`torch.cuda.memory._snapshot()`) under "snapshot" when the block ends.
+    the snapshot (`torch.cuda.memory._snapshot()`) under "snapshot" when the block ends. Python
+    frames only by default: torch's "all" adds every C++ frame, several KB an event (its docs).
 
         with cuda_history() as taken:
             train_one_step()
@@ -235,7 +236,7 @@ def cuda_history(max_entries: int = 1_000_000) -> Iterator[dict[str, Any]]:
         raise RuntimeError("cuda_history() records the CUDA allocator and this machine has no CUDA device; "
                            "on a CPU track the tensors instead (measure.live.LiveTensors(levels=True))")
     taken: dict[str, Any] = {}
-    torch.cuda.memory._record_memory_history(max_entries=max_entries)
+    torch.cuda.memory._record_memory_history(max_entries=max_entries, stacks=stacks)
     try:
         yield taken
         taken["snapshot"] = torch.cuda.memory._snapshot()
