@@ -108,7 +108,8 @@ test-spawn: setup
 	PYTHONPATH=$(CURDIR)/.ci/spawn$(if $(PYTHONPATH),:$(PYTHONPATH)) $(PY) -m pytest $(SPAWN_NOTEBOOKS)
 
 # Every notebook under the gpu preset on this machine's GPU, executed copies and a summary of the
-# GPU claims in docs/gpu-reference/ (scripts/gpu_check.py; about 6 minutes on one H200).
+# GPU claims in docs/gpu-reference/ (scripts/gpu_check.py: the best recipe's MFU first, then the notebooks
+# in two lanes; it stops starting anything after 560 s).
 gpu-check: setup
 	$(PY) scripts/gpu_check.py --out docs/gpu-reference
 

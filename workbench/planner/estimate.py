@@ -201,6 +201,13 @@ def _freeze(dims: dict[str, Any]) -> tuple:
     return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in dims.items()))
 
 
+def model_state(cfg: RunConfig, model: str | ModuleKey, spec_key: tuple, device: str,
+                shard: tuple[int, int] = (1, 0)) -> fakestate.ModelState:
+    """The model state `estimate()` sizes for a resolved config (cached: the same replay)."""
+    return fakestate.model_state(model, spec_key, _freeze(cfg.dims), cfg.optimizer, float(cfg.weight_decay),
+                                 bool(cfg.max_grad_norm), device, trainable.replay_key(cfg), shard)
+
+
 def _peak(sim: fakestep.Simulation, scaled: int, micro_batches: int) -> tuple[int, str, int]:
     """(peak of the micro-batches, where it falls, live bytes after the last backward), with
     `scaled` more groups of blocks than the replay had."""
@@ -269,8 +276,7 @@ def estimate(config: RunConfig, *, vocab_size: int | None = None, device: str | 
     group, replayed, scaled = checkpointing.replay_groups(cfg)
     micro_batches = accumulation.replayed_micro_batches(cfg)
     try:
-        state = fakestate.model_state(model, spec_key, dims, cfg.optimizer, float(cfg.weight_decay),
-                                     bool(cfg.max_grad_norm), device, trainable.replay_key(cfg), shard)
+        state = model_state(cfg, model, spec_key, device, shard)
         if cfg.model == "gpt":  # the replayed layers, and how they compute attention
             dims = _freeze({**cfg.dims, "n_layer": replayed, **attention.replay_dims(cfg)})
         sim = fakestep.simulate(model, spec_key, dims, cfg.precision, cfg.activation_checkpointing,
