@@ -162,7 +162,7 @@ def test_claim_rows_judge_memory_and_gradients_and_leave_a_shared_cores_time_unj
     assert rows[3][3] == "holds"
     if not pair.timing_is_clean:
         for row in rows[1:3]:  # unjudged, unless the ratio is beyond anything a busy core does to it
-            assert row[3].startswith("not shown here: timed on a shared core") or "beyond a busy core's 4x" in row[3]
+            assert row[3].startswith("not shown here: this process had") or "beyond a busy core's 4x" in row[3]
 
 
 def test_memory_moments_show_checkpointing_lowering_the_replayed_peak(capsys):

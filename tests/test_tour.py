@@ -48,7 +48,7 @@ def test_claim_rows_show_a_timing_from_a_shared_core_without_asserting_it():
 
     per_sample = 4 * (784 + 8 + 8 + 10) + 8
     rows = claims("00", "cpu", claim_rows(_fake(2, 2 * per_sample + 4, 100.0), _fake(8, 8 * per_sample + 4, 120.0), BUSY)).checked
-    assert rows[0][3].startswith("not shown here: timed on a shared core (this process had 30% of a core")
+    assert rows[0][3].startswith("not shown here: this process had 30% of a core; 1.20x is within 4x of the claim's 1x")
     assert "not asserted" in rows[0][2] and rows[1][2].startswith(f"{per_sample:,} bytes a sample")
     # On a free core: 1.2x is graded "holds in part"; slower per sample is refused.
     free = claim_rows(_fake(2, 2 * per_sample + 4, 100.0), _fake(8, 8 * per_sample + 4, 120.0), FREE)

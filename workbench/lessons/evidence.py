@@ -138,10 +138,10 @@ def speed(ratios: float | Mapping[str, float], claimed: float, *, free_core: boo
         near = {arm: r for arm, r in ratios.items() if r > 0 and max(r / claimed, claimed / r) < rule["busy_noise"]}
         if near or not ratios:
             figures = ", ".join(f"{arm} {r:.2f}x".strip() for arm, r in near.items())
-            short.append((f"timed on a shared core ({why_busy})" if why_busy else "timed without a free-core check")
-                         + f": {figures} is within the {rule['busy_noise']:.0f}x a busy core can move a ratio from the "
-                         f"claim's {claimed:g}x (rerun on a quiet machine)")
-    said = "a free core" if free_core else f"beyond a busy core's {rule['busy_noise']:.0f}x of the claim's {claimed:g}x"
+            short.append((why_busy or "timed without a free-core check")
+                         + f"; {figures} is within {rule['busy_noise']:.0f}x of the claim's {claimed:.3g}x, less than a "
+                         "shared core can move a ratio (rerun on a quiet machine)")
+    said = "a free core" if free_core else f"beyond a busy core's {rule['busy_noise']:.0f}x of the claim's {claimed:.3g}x"
     return Evidence("speed", not short, said, "; ".join(short))
 
 

@@ -32,9 +32,13 @@ def _timing_counts(share: CoreShare, device: str) -> bool:
 
 
 def _why_not_timed(share: CoreShare) -> str:
+    return _busy(share) + ("" if get_preset().capped else " (rerun on a quiet machine)")
+
+
+def _busy(share: CoreShare) -> str:
     capped = get_preset().capped
     return (f"a capped run ({capped}) times too few steps to rank two rates" if capped
-            else f"this process had {share.share:.0%} of a core (rerun on a quiet machine)")
+            else f"this process had {share.share:.0%} of a core")
 
 
 def check_speed(answer: str | None, ratio: float, share: CoreShare, *, device: str) -> None:
@@ -79,7 +83,7 @@ def claim_rows(baseline: Any, larger: Any, share: CoreShare) -> list[tuple[Any, 
     return [
         ("a larger batch uses the hardware better (more samples/s)", "PyTorch performance tuning guide",
          f"batch {big}: {speedup:.2f}x the samples/s of batch {b} ({timing})", verdict,
-         evidence.speed(speedup, 1.0, free_core=asserted, why_busy="" if asserted else _why_not_timed(share))),
+         evidence.speed(speedup, 1.0, free_core=asserted, why_busy="" if asserted else _busy(share))),
         ("saved activations grow linearly with the batch", "Korthikanti et al. 2022",
          f"{per_sample:,} bytes a sample at batch {b} and {big}, + {constant} (the loss), exact", "holds: to the byte",
          evidence.count()),
