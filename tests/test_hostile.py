@@ -1702,3 +1702,147 @@ def test_the_setup_stamp_is_trusted_only_while_what_it_says_is_installed(tmp_pat
                 "another set asked": "set test asked, learn installed", "the workbench gone": "torch-workbench (the workbench) is not installed",
                 "no stamp": "nothing installed yet"}[case]
     assert any(expected in reason for reason in why), why
+
+
+# --- round 4: the prediction ledger (issue 42): it never costs the exercise ----------------------
+# A learner's ledger is a file anyone (a classmate, a tool, a bad disk) can spoil. Each class gets
+# several variants; each variant failed on the code before this section (wb.calibration raised
+# UnicodeDecodeError, AttributeError, KeyError or ValueError; a FIFO blocked the check forever;
+# wb.check raised numpy's or torch's own error; HOME='' put the ledger at '/').
+
+from fractions import Fraction  # noqa: E402
+from decimal import Decimal  # noqa: E402
+import threading  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from workbench.lessons import exercises, ledger, ledger_file  # noqa: E402
+
+GOOD_ROW = {"notebook": "00_tour", "exercise": "answer_a", "predicted": 2.0, "measured": 1.0, "kind": "ratio",
+            "unit": "x", "verdict": "wrong", "time": "2026-12-01T20:00:00+00:00", "session": "1-x"}
+
+
+@pytest.fixture
+def own_ledger(tmp_path, monkeypatch):
+    path = tmp_path / "ledger.jsonl"
+    monkeypatch.setenv("WORKBENCH_LEDGER", str(path))
+    monkeypatch.setattr(ledger_file, "_warned", set())
+    return path
+
+
+@pytest.mark.parametrize("line", [
+    b"\xff\xfe not utf-8 \x80",                                     # one non-UTF-8 byte (and more)
+    b"42",                                                          # a bare number
+    b'"a string"', b"[1, 2, 3]", b"null", b"true",                  # JSON that is no row
+    json.dumps({k: v for k, v in GOOD_ROW.items() if k != "kind"}).encode(),       # a row missing a key
+    json.dumps({k: v for k, v in GOOD_ROW.items() if k != "predicted"}).encode(),
+    json.dumps(dict(GOOD_ROW, predicted=None)).encode(),
+    json.dumps(GOOD_ROW).replace("2.0", "1" * 5000).encode(),        # a 5,000-digit number
+    json.dumps(GOOD_ROW).replace("2.0", "1" + "0" * 400).encode(),   # an integer no float holds
+    json.dumps(GOOD_ROW).replace("2.0", "NaN").encode(), json.dumps(GOOD_ROW).replace("2.0", "Infinity").encode(),
+    json.dumps(GOOD_ROW).replace("2.0", "1e999").encode(),
+    json.dumps(dict(GOOD_ROW, kind="speed")).encode(), json.dumps(dict(GOOD_ROW, verdict=3)).encode(),
+    json.dumps(dict(GOOD_ROW, notebook=7)).encode(),                 # a name that is a number
+    b"[" * 100_000,                                                  # nesting past the recursion limit
+    b'{"kind": "ratio", "x": "' + b"y" * 100_000 + b'"}',             # a line no ledger writes
+], ids=lambda line: repr(line[:24]))
+def test_a_ledger_line_that_is_no_row_is_skipped_and_counted_never_raised(own_ledger, line):
+    own_ledger.write_bytes(json.dumps(GOOD_ROW).encode() + b"\n" + line + b"\n" + json.dumps(GOOD_ROW).encode() + b"\n")
+    mine = wb.calibration()
+    assert (len(mine.checked), mine.skipped) == (2, 1)
+    assert "skipped 1 line of the ledger" in str(mine) and mine._repr_html_()
+    assert len(wb.calibration("00_tour").checked) == 2
+    assert len(ledger.read_rows(own_ledger)) == 2
+
+
+def test_rows_given_by_hand_are_screened_the_same_way():
+    given = [GOOD_ROW, 5, "row", None, {"kind": "ratio"}, dict(GOOD_ROW, measured=float("nan")), dict(GOOD_ROW, predicted=10**5000)]
+    mine = wb.calibration(rows=given)
+    assert (len(mine.checked), mine.skipped) == (1, 6) and mine.summary()[0].startswith("you over-estimate")
+    for bad, word in ((5, "notebook"), ("rows", "rows")):
+        with pytest.raises(TypeError, match=word) as info:
+            wb.calibration(bad) if word == "notebook" else wb.calibration(rows=bad)
+        assert "\n" not in str(info.value)
+
+
+def _blocks(fn, path) -> bool:
+    """Whether fn() is still inside a blocking open of the FIFO at `path` after 5 s; if so it is
+    released (an O_RDWR open of a FIFO never blocks and serves either side) so the test ends."""
+    worker = threading.Thread(target=fn, daemon=True)
+    worker.start()
+    worker.join(5)
+    if worker.is_alive():
+        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+        worker.join(5)
+        os.close(fd)
+        return True
+    return False
+
+
+@pytest.mark.parametrize("special", ["fifo", "folder", "device", "link to a fifo"])
+def test_a_ledger_path_that_is_no_regular_file_is_refused_in_one_line_and_never_blocks(own_ledger, tmp_path, monkeypatch,
+                                                                                        capsys, special):
+    target = tmp_path / "target"
+    if special in ("fifo", "link to a fifo"):
+        os.mkfifo(target if special == "link to a fifo" else own_ledger)
+        if special == "link to a fifo":
+            own_ledger.symlink_to(target)
+    elif special == "folder":
+        own_ledger.mkdir()
+    else:
+        monkeypatch.setenv("WORKBENCH_LEDGER", os.devnull)
+    path = os.environ["WORKBENCH_LEDGER"]
+    answer_a = 7
+    assert not _blocks(lambda: exercises.check(answer_a, 7), path), "the check blocked on the ledger"
+    out, err = capsys.readouterr()
+    assert "Correct: 7" in out and len(err.strip().splitlines()) == 1
+    assert "not a regular file" in err and "WORKBENCH_LEDGER" in err and "unaffected" in err
+    found = []
+    assert not _blocks(lambda: found.append(wb.calibration("00_tour")), path), "calibration blocked on the ledger"
+    (mine,) = found
+    assert not mine.checked and "not a regular file" in mine.summary()[0] and "\n" not in mine.summary()[0]
+
+
+@pytest.mark.parametrize("home", ["", "relative/home", "."])
+def test_a_home_that_is_no_folder_never_puts_the_ledger_at_the_root(monkeypatch, home):
+    monkeypatch.delenv("WORKBENCH_LEDGER", raising=False)
+    monkeypatch.setenv("HOME", home)
+    with pytest.raises(ledger.LedgerRefused, match="HOME=.*WORKBENCH_LEDGER") as info:
+        ledger.ledger_path()
+    assert "\n" not in str(info.value)
+    assert "HOME" in wb.calibration().summary()[0]  # calibration says it in its one line, and returns
+
+
+@pytest.mark.parametrize("answer", [np.int64(8), np.float32(8.0), np.array(8), np.array([8.0]), torch.tensor(8),
+                                    torch.tensor([8.0]), Fraction(16, 2), Decimal("8.0")])
+def test_an_answer_of_any_numeric_kind_is_read_as_its_number(own_ledger, capsys, answer):
+    answer_a = answer
+    exercises.check(answer_a, 8)
+    assert capsys.readouterr().out.startswith("Correct: 8")
+    exercises.check(answer_a, np.float64(8.0), rel_tol=0.01)      # a truth of any numeric kind too
+    exercises.check(answer_a, torch.tensor(8))
+    rows = ledger.read_rows(own_ledger)
+    assert [r["predicted"] for r in rows] == [8] * 3 and all(isinstance(r["predicted"], (int, float)) for r in rows)
+
+
+@pytest.mark.parametrize("answer, says", [
+    (np.array([1.0, 2.0]), "ndarray of 2 values"), (torch.ones(3), "Tensor of 3 values"), (np.array([]), "of 0 values"),
+    (float("nan"), "finite"), (float("inf"), "finite"), (np.float64("nan"), "finite"), (10**5000, "bits"),
+    (1 + 2j, "complex"), ("8", "not a number"), (True, "not a number"), ([8], "not a number"), (b"8", "not a number"),
+], ids=lambda v: v if isinstance(v, str) else type(v).__name__)
+def test_an_answer_that_holds_no_single_number_is_refused_in_one_line_naming_it(own_ledger, answer, says):
+    answer_b = answer
+    with pytest.raises(exercises.UnreadableAnswer) as info:
+        exercises.check(answer_b, 8, rel_tol=0.01)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("answer_b is ") and says in message
+    assert not own_ledger.exists()  # nothing recorded
+
+
+@pytest.mark.parametrize("answer, says", [(np.array(["up", "down"]), "of 2 values"), (3, "one of the words"),
+                                          (torch.tensor([1, 2]), "of 2 values")])
+def test_a_choice_answered_with_a_number_or_an_array_is_refused_in_one_line(own_ledger, answer, says):
+    answer_c = answer
+    with pytest.raises(exercises.UnreadableAnswer) as info:
+        exercises.check(answer_c, "up")
+    assert "\n" not in str(info.value) and says in str(info.value)

@@ -2,8 +2,11 @@
 
 A preset holds the defaults a RunConfig takes when a field is left unset: model
 sizes, batch sizes, steps, evaluation size. `cpu-quick` is what CI and nbval run
-(each notebook well under a minute on 2 cores); `cpu` is a learner's laptop; `gpu`
-is sized to show real effects on one modern GPU.
+(each notebook well under a minute on 2 cores) and what the notebooks' saved outputs come
+from, so it is also the default without a GPU: a learner's screen then shows the numbers
+the teacher's saved notebooks (the projector) show, the exercises' model answers included.
+`cpu` is an opt-in for a longer self-study run (larger models, more steps, clearer effects);
+`gpu` is sized to show real effects on one modern GPU, and is the default where there is one.
 
 Two more variables cap a preset without changing its shapes (model sizes, batch sizes,
 sequence lengths): WORKBENCH_MAX_STEPS caps its steps and WORKBENCH_MAX_EVAL_SAMPLES its
@@ -185,7 +188,8 @@ def _cuda_available() -> bool:
 
 
 def default_preset_name() -> str:
-    """The preset in force: $WORKBENCH_PRESET, else 'gpu' with CUDA, else 'cpu'."""
+    """The preset in force: $WORKBENCH_PRESET, else 'gpu' with CUDA, else 'cpu-quick' (the preset
+    whose outputs the committed notebooks hold: what the teacher projects is what a learner sees)."""
     name = os.environ.get(PRESET_ENV_VAR, "").strip()
     if name:
         if name not in PRESETS:
@@ -193,7 +197,7 @@ def default_preset_name() -> str:
                 f"{PRESET_ENV_VAR}={name!r} is not a preset; set it to one of: {', '.join(PRESETS)}"
             )
         return name
-    return "gpu" if _cuda_available() else "cpu"
+    return "gpu" if _cuda_available() else "cpu-quick"
 
 
 def _env_cap(var: str) -> int | None:
