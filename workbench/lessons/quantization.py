@@ -512,6 +512,7 @@ def claims_rows(fp32: QuantResult, dynamic: QuantResult, static: QuantResult, pt
     (`trained`; a capped run's answers sit on the decision boundary, where rounding flips them).
     """
     seed = "seed 004 §3 (docs/SOURCES.md)"
+    chance = chance or {}  # unknown chance: the accuracy rows say their evidence is short
     kernels, vnni = int8_kernels(), int8_speedup_expected("cpu")
     presented = presented_note()  # a CPU class presented for a test: the int8 kernels timed are not its own
     for name, s in speeds.items():
