@@ -109,7 +109,8 @@ def _child(payload: Any, name: str | None, conn: multiprocessing.connection.Conn
         vars(error).pop("__notes__", None)
         conn.send(("started", processes.own_descendants()))
         conn.send(("error", {"rank": rank, "time": time.time(), "traceback": traceback.format_exc()}))
-        raise
+        sys.stderr.flush()  # the parent shows it, once: multiprocessing would print it again here
+        os._exit(1)
     conn.send(("started", processes.own_descendants()))  # what this rank leaves running: stopped there
     conn.send(("result", _without_own_objects(value)))
     conn.close()
