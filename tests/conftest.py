@@ -53,6 +53,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[_HOG_KEY] = (hog, hog.__enter__())
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if any(item.nodeid.startswith(prefix) for prefix in SERIAL):
