@@ -1,7 +1,9 @@
 """launch(): the same RunConfig on N processes from a notebook, records back to the parent."""
 
+import os
 import time
 
+import accelerate.utils
 import pytest
 
 from workbench import RunConfig, run
@@ -38,13 +40,19 @@ def test_two_processes_of_batch_b_train_like_one_process_of_batch_2b():
     assert {p["threads"] for p in processes} == {1}  # OMP_NUM_THREADS=1 shared by two children
 
 
+class _EachAWorldOfOne(accelerate.utils.PrepareForLaunch):
+    """What a plain Accelerator() on CPU gets under notebook_launcher: every process rank 0 of a
+    world of one (with WORLD_SIZE=1 below)."""
+
+    def __call__(self, index, *args):
+        os.environ.update(LOCAL_RANK="0", RANK="0", FORK_LAUNCHED="1")
+        self.launcher(*args)
+
+
 def test_processes_that_do_not_form_one_world_fail_loudly(monkeypatch):
     real = launch_module._child_env
-
-    def world_of_one(*args, **kwargs):  # what a plain Accelerator() under notebook_launcher on CPU gets
-        return {**real(*args, **kwargs), "WORLD_SIZE": "1"}
-
-    monkeypatch.setattr(launch_module, "_child_env", world_of_one)
+    monkeypatch.setattr(launch_module, "_child_env", lambda *args, **kwargs: {**real(*args, **kwargs), "WORLD_SIZE": "1"})
+    monkeypatch.setattr(accelerate.utils, "PrepareForLaunch", _EachAWorldOfOne)
     sink = RecordingSink()
     result = launch(RunConfig(**TINY, batch_size=16), num_processes=2, sinks=[sink], timeout_s=60)
     assert result.status == "failed" and "formed a world of 1" in result.message
