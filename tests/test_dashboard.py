@@ -155,7 +155,8 @@ def test_optional_numbers_are_shown_only_when_the_record_has_them(dash):
     assert gpt.values["data_wait"] == "25% of a step"
 
 
-def test_the_curve_is_sent_at_least_once_a_second_but_not_for_every_record(dash, clock):
+def test_the_curve_is_sent_at_least_once_a_second_but_not_for_every_record(timed, clock):
+    dash, _ = timed  # the draws' own cost, under load, changed which record got the last update
     dash.start(start(total=1000))
     for i in range(1, 1001):  # a record every 10 ms for 10 s
         clock.now += 0.01
