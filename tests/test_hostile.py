@@ -168,7 +168,8 @@ def test_one_process_diverging_stops_every_process_together(monkeypatch):
         return loss * math.nan if dist.get_rank() == 1 and len(calls) == 3 else loss
 
     monkeypatch.setattr(train, "loss_fn", nan_on_rank_1)
-    result = launch(RunConfig(**{**TINY, "batch_size": 16, "log_every": 2}), num_processes=2, sinks=[], timeout_s=120)
+    result = launch(RunConfig(**{**TINY, "batch_size": 16, "log_every": 2}), num_processes=2, sinks=[], timeout_s=120,
+                    start_method="fork")
     # Rank 0's loss was finite: it stops because the log step gathers every process's figures.
     assert (result.status, result.loss_steps) == ("diverged", [2])
     assert result.message.startswith("the loss became non-finite (nan or inf) at step 3; stopped at step 4,")
@@ -953,7 +954,8 @@ def test_a_launched_child_failing_after_training_reports_the_cause_not_the_note(
         raise RuntimeError("evaluation broke")
 
     monkeypatch.setattr(train, "evaluate", fails)  # the forked children inherit it
-    result = launch(RunConfig(**{**TINY, "eval_samples": 64}), num_processes=2, sinks=[], timeout_s=120)
+    result = launch(RunConfig(**{**TINY, "eval_samples": 64}), num_processes=2, sinks=[], timeout_s=120,
+                    start_method="fork")
     assert (result.status, result.message) == ("failed", "RuntimeError: evaluation broke")
 
 
@@ -1846,3 +1848,160 @@ def test_a_choice_answered_with_a_number_or_an_array_is_refused_in_one_line(own_
     with pytest.raises(exercises.UnreadableAnswer) as info:
         exercises.check(answer_c, "up")
     assert "\n" not in str(info.value) and says in str(info.value)
+
+
+# --- round 4: launching (issue 42): arguments before processes, Stop at once, nothing left behind ---
+
+def _descendants() -> set[int]:
+    import psutil
+
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _running(pids) -> set[int]:
+    import psutil
+
+    alive = set()
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.add(pid)
+    return alive
+
+
+def _rank_that_starts_a_child(folder: str, how: str) -> int:
+    """A rank that starts two processes of its own (one in its process group, one in a session of
+    its own), writes the three pids down, then does `how`: 'waits' (forever), 'fails' (rank 1
+    raises, rank 0 waits), 'returns' (its children left running)."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
+    children = [subprocess.Popen(sleep), subprocess.Popen(sleep, start_new_session=True)]
+    Path(folder, f"rank{rank}.pids").write_text(" ".join(str(p) for p in (os.getpid(), *(c.pid for c in children))))
+    if how == "returns":
+        return rank
+    if how == "fails" and rank == 1:
+        time.sleep(1)  # its children seen by the launcher (it looks twice a second)
+        raise RuntimeError("rank 1 broke")
+    time.sleep(600)
+    return rank
+
+
+def _pids_written(folder, ranks: int = 2, within_s: float = 120.0) -> set[int]:
+    from pathlib import Path
+
+    end = time.monotonic() + within_s
+    while True:
+        files = sorted(Path(folder).glob("rank*.pids"))
+        if len(files) == ranks and all(f.read_text().strip().count(" ") == 2 for f in files):
+            return {int(pid) for f in files for pid in f.read_text().split()}
+        if time.monotonic() > end:
+            raise AssertionError(f"the ranks did not start within {within_s:g} s")
+        time.sleep(0.1)
+
+
+def _gone_within(pids, seconds: float = 10.0) -> set[int]:
+    end = time.monotonic() + seconds
+    while _running(pids) and time.monotonic() < end:
+        time.sleep(0.1)
+    return _running(pids)
+
+
+@pytest.mark.parametrize("fn, kwargs, error, message", [
+    (42, {}, TypeError, "fn must be a function to call in each process, got int 42; pass a function"),
+    ("train", {}, TypeError, "fn must be a function to call in each process, got str 'train'"),
+    (None, {}, TypeError, "fn must be a function to call in each process, got NoneType None"),
+    (RunConfig(model="mlp"), {}, TypeError, "use launch(config) for a RunConfig"),
+    (time.sleep, {"device": "tpu"}, ValueError, "device='tpu' is not known; pass device='auto', 'cpu' or 'cuda'"),
+    (time.sleep, {"device": ["cpu"]}, ValueError, "device=['cpu'] is not known"),
+    (time.sleep, {"num_processes": 2.5}, ValueError, "num_processes=2.5 must be a whole number >= 1"),
+    (time.sleep, {"num_processes": "2"}, ValueError, "num_processes='2' must be a whole number >= 1"),
+    (time.sleep, {"timeout_s": float("inf")}, ValueError, "timeout_s=inf must be a positive number of seconds"),
+    (time.sleep, {"start_method": "thread"}, ValueError, "start_method='thread' is not known"),
+    (time.sleep, {"threads_per_process": 0}, ValueError, "threads_per_process=0 must be a whole number from 1"),
+])
+def test_launch_function_checks_every_argument_before_a_process_starts(fn, kwargs, error, message):
+    from workbench.engine.launch import launch_function
+
+    before = _descendants()
+    with pytest.raises(error, match=re.escape(message)):
+        launch_function(fn, 1, **{"num_processes": 2, "device": "cpu", "timeout_s": 60, **kwargs})
+    assert _descendants() <= before  # nothing was started, not even for a moment that outlived the call
+
+
+def test_arguments_that_cannot_reach_the_processes_are_refused_before_they_start():
+    from workbench.engine.launch import LaunchError, launch_function
+
+    before = _descendants()
+    with pytest.raises(LaunchError, match=r"^the launch's arguments cannot be sent to a started process \(TypeError: "
+                                          r".*generator.*\); define what they use in a \.py module, or pass "
+                                          r"start_method='fork' \(Linux\)$"):
+        launch_function(time.sleep, (i for i in range(3)), num_processes=2, device="cpu", timeout_s=60)
+    assert _descendants() <= before
+
+
+@pytest.mark.parametrize("how, timeout_s, expected", [
+    ("waits", 15, "timed out after 15 s"),         # the timeout: the ranks and what they started
+    ("fails", 60, "RuntimeError: rank 1 broke"),   # one rank fails: the other and all four children stop
+    ("returns", 60, None),                         # a clean end: what the ranks left running stops too
+])
+def test_whatever_ends_a_launch_what_its_ranks_started_ends_with_it(tmp_path, how, timeout_s, expected):
+    from workbench.engine.launch import LaunchError, launch_function
+
+    if expected is None:
+        assert launch_function(_rank_that_starts_a_child, str(tmp_path), how, num_processes=2, device="cpu",
+                               timeout_s=timeout_s) == [0, 1]
+    else:
+        with pytest.raises(LaunchError, match=re.escape(expected)):
+            launch_function(_rank_that_starts_a_child, str(tmp_path), how, num_processes=2, device="cpu",
+                            timeout_s=timeout_s)
+    pids = _pids_written(tmp_path, within_s=1)  # (15 s: time for the ranks to start on a loaded machine)
+    assert len(pids) == 6 and _gone_within(pids) == set()
+
+
+@pytest.mark.parametrize("when", ["while the ranks run", "while they start"])
+def test_stop_during_a_launch_is_honoured_at_once_and_leaves_no_process(tmp_path, when):
+    import threading
+
+    from workbench.engine.launch import LaunchError, launch_function
+
+    before = _descendants()
+
+    def press_stop() -> None:  # what Jupyter's Stop button does: SIGINT to the kernel's process
+        if when == "while the ranks run":
+            _pids_written(tmp_path)
+        else:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+        pressed.append(time.monotonic())
+
+    pressed: list[float] = []
+    threading.Thread(target=press_stop, daemon=True).start()
+    with pytest.raises(LaunchError, match=r"^stopped by the user$"):
+        launch_function(_rank_that_starts_a_child, str(tmp_path), "waits", num_processes=2, device="cpu",
+                        timeout_s=120)
+    assert pressed and time.monotonic() - pressed[0] < 20  # at once, not at the 120 s timeout
+    started = _descendants() - before
+    leftovers = {pid for pid in started if pid not in _forkserver_family()}
+    pids = {int(pid) for f in tmp_path.glob("rank*.pids") for pid in f.read_text().split()}  # those written
+    assert len(pids) == (6 if when == "while the ranks run" else len(pids)) and _gone_within(pids | leftovers) == set()
+
+
+def _forkserver_family() -> set[int]:
+    """The fork server and multiprocessing's resource tracker: they serve every launch and stay."""
+    import psutil
+
+    from workbench.engine.processes import forkserver_pid
+
+    pids = set()
+    for p in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if p.pid == forkserver_pid() or "resource_tracker" in " ".join(p.cmdline()):
+                pids.add(p.pid)
+    return pids

@@ -52,26 +52,11 @@ def _measured(cfg: RunConfig, strategy: str) -> parallel.RankFigures:
                                 lambda: _inputs(spec, cfg.batch_size), wrapper=_real_wrap)
 
 
-def _launch(fn, *args, num_processes):
-    """launch_function, tried a second time when the first timed out: on this loaded 2-core
-    machine a 4-process launch now and then hangs before `fn` starts (the process group never
-    forms: twice in about fifteen launches; in the one examined, `fn` had not started), the hang
-    notebook 06's launcher retries for (lessons.multi_gpu)."""
-    from workbench.engine.launch import LaunchError
-
-    try:
-        return launch_function(fn, *args, num_processes=num_processes, device="cpu", timeout_s=150)
-    except LaunchError as error:
-        if "timed out" not in str(error):
-            raise
-        return launch_function(fn, *args, num_processes=num_processes, device="cpu", timeout_s=150)
-
-
 @pytest.mark.parametrize(("strategy", "processes"), [
     ("dp", 2), ("dp", 4), ("fsdp", 2), ("fsdp", 4), ("tp", 2), ("tp", 4), ("pp", 2), ("pp", 4), ("fsdp+tp", 4)])
 def test_each_ranks_peak_and_the_steps_collectives_are_predicted_as_gloo_processes_measure(strategy, processes):
     cfg = DEEP if strategy == "pp" and processes == 4 else GPT  # a stage per block
-    measured = _launch(_measured, cfg, strategy, num_processes=processes)
+    measured = launch_function(_measured, cfg, strategy, num_processes=processes, device="cpu", timeout_s=150)
     plan, = plan_parallel(cfg, Cluster(gpus=processes, memory_gib=1, link_gbps=10), strategies=(strategy,))
     for rank, (got, predicted) in enumerate(zip(measured, plan.ranks, strict=True)):
         assert abs(predicted.peak_bytes / got.peak_bytes - 1) <= 0.05, (rank, predicted, got)
