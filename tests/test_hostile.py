@@ -1713,3 +1713,55 @@ def test_an_fsdp_replay_over_many_ranks_makes_no_op_per_rank(monkeypatch):
     # ranks (a replay over 512 spent 444 of its 521 s there). Now the replay's work is the same at
     # 16 and at 128 ranks: 2,411 ops (it was 3,115 and 6,971).
     assert _replay_ops(monkeypatch, 128) == _replay_ops(monkeypatch, 16)
+
+
+# --- round 4: the WORKBENCH_* environment variables (issue 42) -------------------------------------
+# Each is read through core/environment.py; the readers below cost milliseconds (no run starts).
+
+def _preset_in_force():
+    return RunConfig(model="mlp").resolved()
+
+
+@pytest.mark.parametrize("var, value, read, message", [
+    # were OverflowError: cannot convert float infinity to integer
+    ("WORKBENCH_GPU_MEMORY_GIB", "inf", lambda: wb.get_preset("gpu"), "WORKBENCH_GPU_MEMORY_GIB='inf' must be the card's "
+     "memory in GiB (digits 0-9, up to 65,536), e.g. 15 for a 16 GB T4; unset it to read nvidia-smi"),
+    ("WORKBENCH_GPU_MEMORY_GIB", "1e400", lambda: wb.get_preset("gpu"), "WORKBENCH_GPU_MEMORY_GIB='1e400' must be the "
+     "card's memory in GiB (digits 0-9, up to 65,536), e.g. 15 for a 16 GB T4; unset it to read nvidia-smi"),
+    ("WORKBENCH_GPU_MEMORY_GIB", "9" * 400, lambda: wb.get_preset("gpu"), "WORKBENCH_GPU_MEMORY_GIB='9999999999999999999"
+     "999999999999999999999'... (400 characters) must be the card's memory in GiB (digits 0-9, up to 65,536), e.g. 15 "
+     "for a 16 GB T4; unset it to read nvidia-smi"),
+    # was read as a 15 GiB card (float() takes '1_5')
+    ("WORKBENCH_GPU_MEMORY_GIB", "1_5", lambda: wb.get_preset("gpu"), "WORKBENCH_GPU_MEMORY_GIB='1_5' must be the card's "
+     "memory in GiB (digits 0-9, up to 65,536), e.g. 15 for a 16 GB T4; unset it to read nvidia-smi"),
+    # was "invalid literal for int() with base 10: '²'" ('²'.isdigit() is True)
+    ("WORKBENCH_MAX_STEPS", "²", _preset_in_force,
+     "WORKBENCH_MAX_STEPS='²' must be a whole number of at least 1 in digits 0-9; unset it for no cap"),
+    # was int()'s "Exceeds the limit (4300 digits) for integer string conversion ..."
+    ("WORKBENCH_MAX_STEPS", "9" * 5000, _preset_in_force, "WORKBENCH_MAX_STEPS='9999999999999999999999999999999999999999'"
+     "... (5,000 characters) must be a whole number of at least 1 in digits 0-9; unset it for no cap"),
+    ("WORKBENCH_MAX_EVAL_SAMPLES", "³", _preset_in_force,
+     "WORKBENCH_MAX_EVAL_SAMPLES='³' must be a whole number of at least 1 in digits 0-9; unset it for no cap"),
+    # was a 10,074-character line
+    ("WORKBENCH_PRESET", "c" * 10_000, _preset_in_force, "WORKBENCH_PRESET='cccccccccccccccccccccccccccccccccccccccc'... "
+     "(10,000 characters) is not a preset; set it to one of: cpu-quick, cpu, gpu"),
+    # was silently neither on nor off (the dashboard or the text log, by where it ran)
+    ("WORKBENCH_HEADLESS", "maybe", lambda: wb.run(RunConfig(**TINY)), "WORKBENCH_HEADLESS='maybe' must be one of 1, true, "
+     "yes, on or 0, false, no, off; unset it for the default"),
+])
+def test_a_workbench_variable_that_cannot_work_is_one_line_naming_it(monkeypatch, var, value, read, message):
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ValueError) as info:
+        read()
+    assert str(info.value) == message
+
+
+def test_every_workbench_variable_the_package_reads_is_audited():
+    """A variable added to the package is read through core/environment.py or named there."""
+    import pathlib
+
+    from workbench.core import environment
+
+    package = pathlib.Path(wb.__file__).parent
+    read = {name for path in package.rglob("*.py") for name in re.findall(r"WORKBENCH_[A-Z_]+", path.read_text())}
+    assert read <= set(re.findall(r"WORKBENCH_[A-Z_]+", environment.__doc__)), read
