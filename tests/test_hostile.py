@@ -18,6 +18,7 @@ import os
 import re
 import resource
 import signal
+import stat
 import time
 
 import pytest
@@ -1765,3 +1766,58 @@ def test_every_workbench_variable_the_package_reads_is_audited():
     package = pathlib.Path(wb.__file__).parent
     read = {name for path in package.rglob("*.py") for name in re.findall(r"WORKBENCH_[A-Z_]+", path.read_text())}
     assert read <= set(re.findall(r"WORKBENCH_[A-Z_]+", environment.__doc__)), read
+
+
+# --- round 4: the CLI (issue 42) ---------------------------------------------------------------------
+# Each case is refused before the run starts: milliseconds each (the parser, a stat).
+
+def _cli_stderr(capsys, *flags) -> tuple[int, list[str]]:
+    from workbench.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model", "mlp", "--data", "digits", "--steps", "4", "--log-every", "2", "--eval-samples", "0", *flags])
+    return exit_info.value.code, capsys.readouterr().err.splitlines()
+
+
+@pytest.mark.parametrize("flags, line", [
+    # were 33 lines of usage before this line
+    (["--steps", "x"], "argument --steps: invalid int value: 'x' (python -m workbench --help lists the flags)"),
+    (["--bogus"], "unrecognized arguments: --bogus (python -m workbench --help lists the flags)"),
+    # was ignored: the run trained, wrote no figures, and exited 0
+    (["--json", ""], "--json '' names no file; pass a file path such as result.json"),
+    # was found after training (the figures lost, exit 1)
+    (["--json", "r" * 300], "--json 'rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrr'... (300 characters) cannot be a file here "
+                            "(File name too long); pass a file path such as result.json"),
+    # was accepted: every log line carried the 10,000 characters
+    (["--name", "n" * 10_000], "--name='nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn'... (10,000 characters) is longer than 80 "
+                               "characters; pass a shorter one, e.g. --name baseline"),
+])
+def test_a_cli_error_is_its_one_line_and_nothing_else(capsys, flags, line):
+    assert _cli_stderr(capsys, *flags) == (2, [f"python -m workbench: error: {line}"])
+
+
+def test_the_cli_refuses_a_json_path_that_is_a_fifo_before_training(capsys, tmp_path):
+    fifo = tmp_path / "figures"
+    os.mkfifo(fifo)  # was replaced by a regular file after training (a reader on it waited forever)
+    assert _cli_stderr(capsys, "--json", str(fifo)) == (2, [
+        f"python -m workbench: error: --json '{fifo}' is not a regular file (a terminal, pipe or device, like "
+        "/dev/stdout); pass a file path such as result.json"])
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+@pytest.mark.parametrize("json_path", ["/dev/stdout", "{log}"])
+def test_the_cli_never_writes_its_figures_over_its_own_text_log(capsys, tmp_path, json_path):
+    log = tmp_path / "log.txt"
+    log.write_text("the text log so far\n")
+    saved = os.dup(1)
+    with open(log, "a") as stdout:  # `python -m workbench ... --json /dev/stdout > log.txt`
+        os.dup2(stdout.fileno(), 1)
+        try:
+            code, lines = _cli_stderr(capsys, "--json", json_path.format(log=log))
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+    # was: the run trained, then the figures replaced log.txt whole (the text log gone)
+    assert (code, lines) == (2, [f"python -m workbench: error: --json '{json_path.format(log=log)}' is the file stdout "
+                                 "(the text log) goes to; pass another path such as result.json"])
+    assert log.read_text() == "the text log so far\n"
