@@ -1821,3 +1821,62 @@ def test_the_cli_never_writes_its_figures_over_its_own_text_log(capsys, tmp_path
     assert (code, lines) == (2, [f"python -m workbench: error: --json '{json_path.format(log=log)}' is the file stdout "
                                  "(the text log) goes to; pass another path such as result.json"])
     assert log.read_text() == "the text log so far\n"
+
+
+# --- round 4: run names and the views that show them (issue 42) ---------------------------------------
+# One 8-step run of the tiny MLP (about a second), then tables and figures (about a second each).
+
+@pytest.fixture(scope="module")
+def tiny_result():
+    return run(RunConfig(**TINY), sinks=[], name="baseline")
+
+
+@pytest.mark.parametrize("name, message", [
+    # was accepted; wb.compare of it then ran out of memory drawing the figure
+    ("x" * 10_000, "name='xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'... (10,000 characters) is longer than 80 characters; "
+                   "pass a shorter one, e.g. name='baseline'"),
+    # was accepted; every text-log line of the run broke in two
+    ("two\nlines", "name='two\\nlines' holds the control character '\\n'; pass one line of text, e.g. name='baseline'"),
+    # was accepted as a blank name in tables and legends
+    ("   ", "name='   ' is blank; pass e.g. name='baseline'"),
+])
+def test_run_and_monitor_refuse_a_name_no_table_or_log_can_show(name, message):
+    assert _run_error(RunConfig(**TINY), ConfigError, name=name) == message
+    with pytest.raises(ValueError) as info:
+        wb.monitor(nn.Linear(2, 2), steps=2, sinks=[], name=name)
+    assert str(info.value) == message.replace("name='baseline'", "name='fp16 by hand'")
+
+
+@pytest.mark.parametrize("name", ["x" * 10_000, "a$^$b", "$\\frac{$"])
+def test_compare_shows_any_name_a_result_holds_in_its_table_and_figure(tiny_result, name):
+    # A result renamed after the run (or read from elsewhere) never passed run()'s check.
+    other = dataclasses.replace(tiny_result, name=name)
+    with address_space_limit():  # was std::bad_alloc (10,000 characters), mathtext's ParseSyntaxException ($)
+        comparison = wb.compare([tiny_result, other])
+        html, text = comparison._repr_html_(), str(comparison)
+    ticks = [label.get_text() for label in comparison.figure.axes[1].get_xticklabels()]
+    assert "<img src='data:image/png;base64," in html and name[:40] in text
+    assert ticks[0] == "baseline" and len(ticks[1]) <= 40 + name.count("$")
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda r: wb.compare("ab"), "results must be a list, got str; pass e.g. compare([baseline, other])"),  # AttributeError
+    (lambda r: wb.compare(r), "results must be a list, got RunResult; pass e.g. compare([baseline, other])"),  # TypeError
+    (lambda r: wb.compare({"a": r}), "results must be a list, got dict; pass e.g. compare([baseline, other])"),  # AttributeError
+    (lambda r: wb.compare([r, 2]), "results[1] is a int, not a RunResult with a name; pass compare([baseline, other])"),
+    # was AttributeError: 'RunResult' object has no attribute 'bogus'
+    (lambda r: wb.compare([r]).ratio("bogus", "baseline"), "metric 'bogus' is not a figure of a run; use one of "
+     "step_time_s, samples_per_sec, tokens_per_sec, activation_bytes, peak_increase_bytes, final_loss, accuracy"),
+    # was KeyError's quoted repr: "\"no run named 'zz'; ...\""
+    (lambda r: wb.compare([r]).ratio("step_time_s", "zz"), "no run named 'zz'; runs: ['baseline']"),
+])
+def test_compare_refuses_what_is_not_a_list_of_runs_in_one_line(tiny_result, make, message):
+    with pytest.raises((ValueError, KeyError)) as info:
+        make(tiny_result)
+    assert str(info.value) == message
+
+
+def test_compare_reads_a_generator_of_runs_once(tiny_result):
+    # was IndexError: the names were read off the generator, leaving the table none
+    comparison = wb.compare(r for r in [tiny_result])
+    assert [r.name for r in comparison.results] == ["baseline"]
