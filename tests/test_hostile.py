@@ -1880,3 +1880,96 @@ def test_compare_reads_a_generator_of_runs_once(tiny_result):
     # was IndexError: the names were read off the generator, leaving the table none
     comparison = wb.compare(r for r in [tiny_result])
     assert [r.name for r in comparison.results] == ["baseline"]
+
+
+# --- round 4: every public function's arguments, checked like RunConfig's (issue 42) -----------------
+# wb.* outside the room, the ledger and wb.check, and launching. Each call is refused before it
+# loads, builds or trains anything: milliseconds each, about a second in all.
+
+_TARGET = Target.this_machine(memory_budget_bytes=2**30)
+_LINEAR = nn.Linear(2, 2)
+
+
+@pytest.mark.parametrize("call, message", [
+    # each was AttributeError: '<type>' object has no attribute 'resolved'
+    (lambda: wb.estimate({"model": "mlp"}), "config must be a RunConfig, got dict; pass e.g. RunConfig(model='mlp')"),
+    (lambda: wb.plan(None, target=_TARGET), "config must be a RunConfig, got NoneType; pass e.g. RunConfig(model='mlp')"),
+    (lambda: wb.training_parts("mlp"), "config must be a RunConfig, got str; pass e.g. RunConfig(model='mlp')"),
+    # was TypeError: '<' not supported between instances of 'str' and 'int'
+    (lambda: wb.estimate(PLAN_GPT, vocab_size="50257"),
+     "vocab_size='50257' must be a whole number from 2 to 2,147,483,647; pass e.g. vocab_size=50257"),
+    # was torch's TypeError: empty(): argument 'size' ... must be tuple of ints, but found element of type float
+    (lambda: wb.estimate(PLAN_GPT, vocab_size=5e4),
+     "vocab_size=50000.0 must be a whole number from 2 to 2,147,483,647; pass e.g. vocab_size=50257"),
+    # was AttributeError: 'NoneType' object has no attribute 'peak_flops'
+    (lambda: wb.plan(RunConfig(**TINY), target=None),
+     "target must be a Target, got NoneType; pass e.g. target=wb.Target.this_machine(memory_budget_bytes=2**30)"),
+    # was "precisions ['f', 'p', '3', '2'] cannot run on this CPU ..." (the name read letter by letter)
+    (lambda: wb.plan(RunConfig(**TINY), target=_TARGET, precisions="fp32"),
+     "precisions must be a list, got str; pass e.g. precisions=['fp32']"),
+    # was an empty ranking ('0 of 0 fit'): every letter of 'full' refused and skipped
+    (lambda: wb.plan(RunConfig(**TINY), target=_TARGET, sharding="full"),
+     "sharding must be a list, got str; pass e.g. sharding=['none', 'full']"),
+    # was ValueError: dictionary update sequence element #0 has length 1; 2 is required
+    (lambda: wb.plan(RunConfig(**TINY), target=_TARGET, trainable=["all"]),
+     "trainable ['all'] must be dicts of RunConfig fields; pass e.g. trainable=[{}, {'freeze': 'embeddings'}, "
+     "{'lora_rank': 8}]"),
+    # was AttributeError: 'int' object has no attribute 'split'
+    (lambda: wb.Target.gpu(5, memory_bytes=2**30), "GPU 5 is not in hardware.GPU_SPECS; use one of ['A10', "),
+    # was a target with peak_flops {'f': 0.0, 'p': 0.0, '3': 0.0, '2': 0.0}
+    (lambda: wb.Target.this_machine(memory_budget_bytes=2**30, precisions="fp32"),
+     "precisions must be a list, got str; pass e.g. precisions=('fp32', 'bf16')"),
+    # was accepted: a target of -1 bytes
+    (lambda: wb.Target("mine", memory_bytes=-1, peak_flops={}),
+     "memory_bytes=-1 must be a whole number >= 1; pass e.g. memory_bytes=40 * 2**30"),
+    # was torch's RuntimeError: Expected one of cpu, cuda, ipu, xpu, ... device type at start of device string: gpu
+    (lambda: wb.training_parts(RunConfig(**TINY), device="gpu"), "device='gpu' is not known; use one of: 'auto', 'cpu', 'cuda'"),
+    # was a bare AssertionError (no message)
+    (lambda: wb.hardware_report("gpu"), "device='gpu' is not known; use one of: 'auto', 'cpu', 'cuda'"),
+    # was AttributeError: 'int' object has no attribute 'startswith'
+    (lambda: wb.load_data(5), "data=5 is not a known data set; use one of: mnist, digits, rotten_tomatoes, "
+                              "rotten_tomatoes_lm, mnist_files, or 'hub:<name>'"),
+    # was TypeError: '<' not supported between instances of 'str' and 'int'
+    (lambda: wb.load_data("digits", max_train="5"),
+     "max_train='5' must be a whole number >= 1; pass e.g. max_train=1000 (a number of examples), or None for all"),
+    # was accepted
+    (lambda: wb.load_data("digits", seed=math.nan),
+     "seed=nan must be a whole number from 0 to 18,446,744,073,709,551,615; pass e.g. seed=0"),
+    # was AttributeError: 'str' object has no attribute 'task'
+    (lambda: wb.build_model("mlp", data="digits", dims={}), "data must be a data bundle and dims a dict, got str and "
+     "dict; pass e.g. build_model('mlp', data=wb.load_data('mnist'), dims={})"),
+    # was TypeError: 'int' object is not iterable
+    (lambda: wb.set_activation_checkpointing(wb.build_model("gpt", data=wb.load_data("rotten_tomatoes_lm", seq_len=16),
+                                                            dims={"n_layer": 1, "n_head": 2, "d_model": 16}), 5),
+     "blocks must be a list, got int; pass e.g. blocks=[0, 2] (block indices) or 'all'"),
+    # were accepted: the text, a dict's keys, a string, a truthy 'no'
+    (lambda: wb.monitor(_LINEAR, steps=2, sinks="text"), "sinks must be a list of sinks, got str; pass e.g. sinks=[TextSink()]"),
+    (lambda: wb.run(RunConfig(**TINY), sinks={}), "sinks must be a list of sinks, got dict; pass e.g. sinks=[TextSink()]"),
+    (lambda: wb.monitor(_LINEAR, "adamw", steps=2, sinks=[]), "optimizer must be a torch optimizer or None, got str; pass "
+     "the optimizer your loop steps, e.g. torch.optim.AdamW(model.parameters())"),
+    (lambda: wb.run(RunConfig(**TINY), sinks=[], keep_model="no"),
+     "keep_model='no' must be True or False; pass e.g. keep_model=True"),
+    # was AttributeError: 'str' object has no attribute 'process_index'
+    (lambda: wb.monitor(_LINEAR, steps=2, sinks=[], accelerator="cpu"), "accelerator must be an accelerate Accelerator "
+     "or None, got str; pass the Accelerator your loop prepared with"),
+    # was TypeError: bad operand type for abs(): 'str'
+    (lambda: wb.format_bytes("12"), "n must be a number of bytes or None, got str '12'; pass e.g. 1536"),
+    # was accepted; the first line it printed raised AttributeError: 'str' object has no attribute 'write'
+    (lambda: wb.TextSink("log.txt"),
+     "stream must be an open text stream or None, got str; pass e.g. stream=sys.stdout, or open('log.txt', 'w')"),
+    # was accepted: the view never throttled
+    (lambda: wb.TextSink(min_interval_s=math.nan),
+     "min_interval_s=nan must be a number of seconds from 0 to 86,400 (a day); pass e.g. min_interval_s=1.0"),
+    # was accepted; the first record raised TypeError: 'int' object is not callable (caught, shown in the view)
+    (lambda: wb.Dashboard(clock=5), "clock must be a function, got int; pass e.g. clock=time.monotonic"),
+    # was TypeError: unhashable type: 'list'
+    (lambda: wb.get_preset(["cpu"]), "preset=['cpu'] is not a preset; use one of: cpu-quick, cpu, gpu"),
+])
+def test_every_public_function_refuses_a_wrong_argument_in_one_line(call, message):
+    with pytest.raises(ValueError) as info:
+        call()
+    assert "\n" not in str(info.value) and str(info.value).startswith(message)
+
+
+def test_a_number_too_large_for_a_float_is_shown_not_raised():
+    assert wb.format_bytes(10**400) == "inf"  # was OverflowError: integer division result too large for a float
