@@ -1884,16 +1884,20 @@ def test_compare_reads_a_generator_of_runs_once(tiny_result):
 
 # --- round 4: every public function's arguments, checked like RunConfig's (issue 42) -----------------
 # wb.* outside the room, the ledger and wb.check, and launching. Each call is refused before it
-# loads, builds or trains anything: milliseconds each, about a second in all.
+# loads, builds or trains anything: milliseconds each (a 1-layer GPT is built for the checkpointing case).
 
-_TARGET = Target.this_machine(memory_budget_bytes=2**30)
 _LINEAR = nn.Linear(2, 2)
+from workbench.core.models import GPT as GPTModel  # noqa: E402
+
+
+def _target() -> Target:
+    return Target.this_machine(memory_budget_bytes=2**30)
 
 
 @pytest.mark.parametrize("call, message", [
     # each was AttributeError: '<type>' object has no attribute 'resolved'
     (lambda: wb.estimate({"model": "mlp"}), "config must be a RunConfig, got dict; pass e.g. RunConfig(model='mlp')"),
-    (lambda: wb.plan(None, target=_TARGET), "config must be a RunConfig, got NoneType; pass e.g. RunConfig(model='mlp')"),
+    (lambda: wb.plan(None, target=_target()), "config must be a RunConfig, got NoneType; pass e.g. RunConfig(model='mlp')"),
     (lambda: wb.training_parts("mlp"), "config must be a RunConfig, got str; pass e.g. RunConfig(model='mlp')"),
     # was TypeError: '<' not supported between instances of 'str' and 'int'
     (lambda: wb.estimate(PLAN_GPT, vocab_size="50257"),
@@ -1905,13 +1909,13 @@ _LINEAR = nn.Linear(2, 2)
     (lambda: wb.plan(RunConfig(**TINY), target=None),
      "target must be a Target, got NoneType; pass e.g. target=wb.Target.this_machine(memory_budget_bytes=2**30)"),
     # was "precisions ['f', 'p', '3', '2'] cannot run on this CPU ..." (the name read letter by letter)
-    (lambda: wb.plan(RunConfig(**TINY), target=_TARGET, precisions="fp32"),
+    (lambda: wb.plan(RunConfig(**TINY), target=_target(), precisions="fp32"),
      "precisions must be a list, got str; pass e.g. precisions=['fp32']"),
     # was an empty ranking ('0 of 0 fit'): every letter of 'full' refused and skipped
-    (lambda: wb.plan(RunConfig(**TINY), target=_TARGET, sharding="full"),
+    (lambda: wb.plan(RunConfig(**TINY), target=_target(), sharding="full"),
      "sharding must be a list, got str; pass e.g. sharding=['none', 'full']"),
     # was ValueError: dictionary update sequence element #0 has length 1; 2 is required
-    (lambda: wb.plan(RunConfig(**TINY), target=_TARGET, trainable=["all"]),
+    (lambda: wb.plan(RunConfig(**TINY), target=_target(), trainable=["all"]),
      "trainable ['all'] must be dicts of RunConfig fields; pass e.g. trainable=[{}, {'freeze': 'embeddings'}, "
      "{'lora_rank': 8}]"),
     # was AttributeError: 'int' object has no attribute 'split'
@@ -1939,8 +1943,7 @@ _LINEAR = nn.Linear(2, 2)
     (lambda: wb.build_model("mlp", data="digits", dims={}), "data must be a data bundle and dims a dict, got str and "
      "dict; pass e.g. build_model('mlp', data=wb.load_data('mnist'), dims={})"),
     # was TypeError: 'int' object is not iterable
-    (lambda: wb.set_activation_checkpointing(wb.build_model("gpt", data=wb.load_data("rotten_tomatoes_lm", seq_len=16),
-                                                            dims={"n_layer": 1, "n_head": 2, "d_model": 16}), 5),
+    (lambda: wb.set_activation_checkpointing(GPTModel(256, 16, n_layer=1, n_head=2, d_model=16), 5),
      "blocks must be a list, got int; pass e.g. blocks=[0, 2] (block indices) or 'all'"),
     # were accepted: the text, a dict's keys, a string, a truthy 'no'
     (lambda: wb.monitor(_LINEAR, steps=2, sinks="text"), "sinks must be a list of sinks, got str; pass e.g. sinks=[TextSink()]"),
