@@ -238,7 +238,10 @@ def _one_chunk_at_a_time() -> Iterator[None]:
     real FSDP2 on gloo processes)."""
     from torch.distributed.fsdp._fully_shard import _fsdp_param
 
-    every = _fsdp_param._chunk_with_empty
+    every = getattr(_fsdp_param, "_chunk_with_empty", None)
+    if every is None:  # a torch that cuts its chunks elsewhere: replayed as it is, only slower
+        yield
+        return
     _fsdp_param._chunk_with_empty = _Chunks
     try:
         yield
