@@ -231,8 +231,8 @@ def _cannot_pipeline(cfg: RunConfig, processes: int) -> str | None:
     return None
 
 
-def plan_parallel(config: RunConfig, cluster: Cluster, *, strategies: tuple[str, ...] = STRATEGIES,
-                  tp: int = 2) -> ParallelPlans:
+def plan_parallel(config: RunConfig, cluster: Cluster, *,
+                  strategies: tuple[str, ...] | list[str] | set[str] = STRATEGIES, tp: int = 2) -> ParallelPlans:
     """Every strategy over the cluster's `gpus` ranks: each rank's figures, replayed (one replay
     per distinct share of the model), the step's collectives and their bandwidth-only time.
     `strategies`: a list, tuple or set of STRATEGIES' names. `tp`: the tensor-parallel ranks of
