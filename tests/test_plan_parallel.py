@@ -104,8 +104,8 @@ def test_a_64_stage_pipeline_is_planned_from_three_replays():
 
 
 @pytest.mark.parametrize(("make", "message"), [
-    (lambda: Cluster(gpus=0, memory_gib=80, link_gbps=100), r"Cluster\(gpus=0\) must be a whole number"),
-    (lambda: Cluster(gpus=8, memory_gib=-1, link_gbps=100), r"Cluster\(memory_gib=-1\) must be a positive"),
+    (lambda: Cluster(gpus=0, memory_gib=80, link_gbps=100), r"^gpus=0 must be a whole number from 1 to 4,096; pass e\.g\. Cluster\("),
+    (lambda: Cluster(gpus=8, memory_gib=-1, link_gbps=100), r"^memory_gib=-1 must be a finite number of GiB above 0"),
     (lambda: plan_parallel(GPT, Cluster(gpus=2, memory_gib=1, link_gbps=1), strategies=("zero2",)), r"'zero2' is not known"),
     (lambda: plan_parallel(GPT, (2, 80, 100)), r"must be a Cluster"),
 ])

@@ -31,6 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.core import environment
+from workbench.core.arguments import flag, function, seconds
 from workbench.core.report import format_bytes
 from workbench.measure.records import RunEnd, RunStart, Sink, StepRecord
 from workbench.measure.result import format_metric
@@ -63,13 +65,13 @@ def headless_reason() -> str | None:
     WORKBENCH_HEADLESS=1 forces text; WORKBENCH_HEADLESS=0 lifts the pytest/nbval
     check (for a browser test that drives a JupyterLab started from pytest).
     """
-    flag = os.environ.get("WORKBENCH_HEADLESS", "").strip().lower()
-    if flag in ("1", "true", "yes", "on"):
+    headless = environment.flag("WORKBENCH_HEADLESS")  # None: unset
+    if headless:
         return "WORKBENCH_HEADLESS is set"
     # nbval's kernel is a real ipykernel that nobody watches: pytest puts
     # PYTEST_VERSION in the environment and the kernels it starts inherit it.
     under_test = "PYTEST_VERSION" in os.environ or "PYTEST_CURRENT_TEST" in os.environ
-    if flag not in ("0", "false", "no", "off") and (under_test or "nbval" in sys.modules):
+    if headless is None and (under_test or "nbval" in sys.modules):
         return "running under pytest/nbval"
     shell, zmqshell = _shell(), sys.modules.get("ipykernel.zmqshell")
     if shell is None or zmqshell is None or not isinstance(shell, zmqshell.ZMQInteractiveShell):
@@ -113,15 +115,13 @@ class Dashboard:
             budget test checks the policy, not how fast this machine draws under load.
     """
 
-    def __init__(
-        self,
-        *,
-        numbers_interval_s: float = 0.25,
-        plot_interval_s: float = 0.5,
-        auto_display: bool = True,
-        clock: Callable[[], float] = time.monotonic,
-        timer: Callable[[], float] = time.perf_counter,
-    ) -> None:
+    def __init__(self, *, numbers_interval_s: float = 0.25, plot_interval_s: float = 0.5, auto_display: bool = True,
+                 clock: Callable[[], float] = time.monotonic, timer: Callable[[], float] = time.perf_counter) -> None:
+        numbers_interval_s = seconds("numbers_interval_s", numbers_interval_s, example="numbers_interval_s=0.25")
+        plot_interval_s = seconds("plot_interval_s", plot_interval_s, example="plot_interval_s=0.5")
+        flag("auto_display", auto_display)
+        function("clock", clock, example="clock=time.monotonic")
+        function("timer", timer, example="timer=time.perf_counter")
         import ipywidgets as w  # heavy imports only once a dashboard is made
 
         from workbench.views.loss_plot import LossPlot
