@@ -48,12 +48,12 @@ learn: setup
 lab: setup
 	$(PY) -m jupyter lab notebooks/ $(ALLOW_ROOT)
 
-# Single-threaded BLAS and offline hubs: what CI runs; timings comparable run to run.
+# Single-threaded BLAS and offline hubs: what CI runs; timings comparable run to run. Two passes
+# (scripts/run_tests.py, which needs no make): TEST_WORKERS pytest-xdist workers (default 2), a file
+# to a worker so a notebook's cells share one kernel; then the tests marked `serial`
+# (tests/conftest.py: the browser, the room, timings that need the cores) alone.
 test: setup browser
-	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
-	WORKBENCH_PRESET=$(or $(WORKBENCH_PRESET),cpu-quick) \
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) scripts/run_tests.py $(PYTEST_ARGS)
 
 benchmark: setup
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PY) benchmarks/overhead.py
@@ -85,30 +85,34 @@ learner-copies: setup
 # hard-codes one preset's shapes, or a timing claim that needs a quiet machine, fails here.
 # The course's notebooks (00-09): the optional 10 and 11, which start gloo processes on the CPU at
 # every preset, run under nbval in `make test` and under `cpu` in the Run All records
-# (benchmarks/results/cpu-avx2.json, lab-cpu.json); left out here to keep CI under 30 minutes.
+# (benchmarks/results/cpu-avx2.json, lab-cpu.json); left out here to keep CI under 20 minutes.
 COURSE_NOTEBOOKS := $(basename $(notdir $(filter-out notebooks/10_% notebooks/11_%,$(wildcard notebooks/[0-9][0-9]_*.ipynb))))
 GPU_SHAPES_ON_CPU := 00_tour 04_input_pipelines 05_quantization 06_multi_gpu
+# Two notebooks at a time (each with the hog and the other notebook beside it), longest first.
 test-presets: setup
-	$(PY) benchmarks/notebook_times.py --preset cpu --hog --timeout 600 --notebooks $(COURSE_NOTEBOOKS) \
+	$(PY) benchmarks/notebook_times.py --preset cpu --hog --jobs 2 --timeout 600 --notebooks $(COURSE_NOTEBOOKS) \
+	  --compare benchmarks/results/cpu-avx2.json \
 	  --env WORKBENCH_MAX_STEPS=10 --env WORKBENCH_MAX_EVAL_SAMPLES=200 --out test-artifacts/presets-cpu.json
-	$(PY) benchmarks/notebook_times.py --preset gpu --hog --timeout 600 --notebooks $(GPU_SHAPES_ON_CPU) \
+	$(PY) benchmarks/notebook_times.py --preset gpu --hog --jobs 2 --timeout 600 --notebooks $(GPU_SHAPES_ON_CPU) \
 	  --env WORKBENCH_MAX_STEPS=3 --env WORKBENCH_MAX_EVAL_SAMPLES=64 --out test-artifacts/presets-gpu.json
 
 # The notebooks that start processes (04: DataLoader workers; 06 and 09: wb.launch and
 # wb.launch_function) with the `spawn` start method, macOS's and Windows' default, here on Linux:
 # .ci/spawn/sitecustomize.py sets it in every Python process (the kernels and their children).
 # accelerate's notebook_launcher (06's first section) forks whatever the default: see README.
-# (09 left out to keep CI under 30 minutes: 06 covers wb.launch and launch_function under spawn too)
+# (09 left out to keep CI under 20 minutes: 06 covers wb.launch and launch_function under spawn too;
+# on Linux they otherwise start from the fork server.) The two notebooks run side by side.
 SPAWN_NOTEBOOKS := notebooks/04_input_pipelines.ipynb notebooks/06_multi_gpu.ipynb
 test-spawn: setup
 	PYTHONPATH=$(CURDIR)/.ci/spawn$(if $(PYTHONPATH),:$(PYTHONPATH)) $(PY) -c \
 	  'import multiprocessing as m; assert m.get_start_method() == "spawn", "sitecustomize not loaded"'
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WORKBENCH_PRESET=cpu-quick \
-	PYTHONPATH=$(CURDIR)/.ci/spawn$(if $(PYTHONPATH),:$(PYTHONPATH)) $(PY) -m pytest $(SPAWN_NOTEBOOKS)
+	PYTHONPATH=$(CURDIR)/.ci/spawn$(if $(PYTHONPATH),:$(PYTHONPATH)) $(PY) -m pytest -n 2 --dist loadfile $(SPAWN_NOTEBOOKS)
 
 # Every notebook under the gpu preset on this machine's GPU, executed copies and a summary of the
-# GPU claims in docs/gpu-reference/ (scripts/gpu_check.py; about 6 minutes on one H200).
+# GPU claims in docs/gpu-reference/ (scripts/gpu_check.py: the best recipe's MFU first, then the notebooks
+# in two lanes; it stops starting anything after 560 s).
 gpu-check: setup
 	$(PY) scripts/gpu_check.py --out docs/gpu-reference
 

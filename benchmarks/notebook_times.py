@@ -153,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save-executed", type=pathlib.Path, help="save the executed notebooks in this folder")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="extra environment for the kernels")
     parser.add_argument("--hog", action="store_true", help="keep one core busy with another process throughout")
+    parser.add_argument("--jobs", type=int, default=1, help="notebooks run side by side, each in its own kernel "
+                        "(the longest first, by --compare's record; each then shares the CPU with the others)")
     parser.add_argument("--table", nargs="+", type=pathlib.Path, help="print records as a Markdown table, then exit")
     args = parser.parse_args(argv)
     if args.table:
@@ -180,8 +182,9 @@ def _run(args: argparse.Namespace) -> int:
     previous = json.loads(args.compare.read_text())["notebooks"] if args.compare else {}
     record = {"preset": args.preset, "isa": args.isa, "hog": args.hog, "machine": machine(), "env": env,
               "date": dt.date.today().isoformat(), "notebooks": {}}
-    for path in paths:
-        result = run_notebook(path, timeout_s=args.timeout, save_to=args.save_executed)
+    began = time.perf_counter()
+    record["jobs"] = args.jobs
+    for path, result in _results(paths, args, previous):
         record["notebooks"][path.stem] = result
         before = previous.get(path.stem, {}).get("seconds")
         note = f" (before: {before:.0f} s)" if before else ""
@@ -191,11 +194,30 @@ def _run(args: argparse.Namespace) -> int:
         print(f"{path.stem:<28} {result['seconds']:7.1f} s{note}{cpu}{tail}", flush=True)
     total = sum(r["seconds"] for r in record["notebooks"].values())
     record["total_seconds"] = round(total, 1)
-    print(f"{'total':<28} {total:7.1f} s")
+    record["wall_seconds"] = round(time.perf_counter() - began, 1)
+    print(f"{'total':<28} {total:7.1f} s (wall {record['wall_seconds']:.0f} s, {args.jobs} at a time)")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(record, indent=1) + "\n")
     return 0 if all(r["status"] == "ok" for r in record["notebooks"].values()) else 1
+
+
+def _results(paths: list[pathlib.Path], args: argparse.Namespace, previous: dict):
+    """(path, result) for each notebook as it finishes: one after another, or `--jobs` at a time,
+    each in a process of its own (spawned: nothing inherited from this one)."""
+    if args.jobs <= 1:
+        for path in paths:
+            yield path, run_notebook(path, timeout_s=args.timeout, save_to=args.save_executed)
+        return
+    import concurrent.futures
+    import multiprocessing
+
+    longest_first = sorted(paths, key=lambda p: -(previous.get(p.stem, {}).get("seconds") or 0))
+    with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(run_notebook, path, timeout_s=args.timeout, save_to=args.save_executed): path
+                   for path in longest_first}
+        for future in concurrent.futures.as_completed(futures):
+            yield futures[future], future.result()
 
 
 if __name__ == "__main__":

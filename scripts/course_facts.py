@@ -5,8 +5,9 @@ Two kinds of time, never mixed up:
   `benchmarks/notebook_times.py` (nbclient, one kernel a notebook) or `scripts/lab_run_all.py
   --record` (Run All in a real JupyterLab). A record is one column.
 - **Learner minutes** (a person's, on a notebook's core path): estimated by
-  `scripts/course_words.py` from the committed notebooks: core words / 150 + 1 a core code cell
-  + 5 an exercise. An estimate, not a timing.
+  `scripts/course_words.py` from the committed notebooks, the clock of a real room: the prose, each
+  code cell by its length, the tables its saved outputs show, the exercise's predictions and
+  explanation, the concept questions (`course_words.MINUTES`). An estimate, not a timing.
 
 The tables sit between markers in the two documents and are rewritten here, never by hand:
 
@@ -22,9 +23,11 @@ regex matches (its first group, else the whole match). A timing the next run cha
 way or not at all; `scripts/prose_figures.py` checks every other figure against its source.
 
 The three-hour path (docs/WORKSHOP.md) is laid out here too: a welcome, the notebooks in course
-order while their learner minutes fit, a break, a wrap-up; the notebooks that do not fit are
-listed as the part of the course left for after the workshop. It fits by construction, so a
-notebook that grows moves the cut, visibly, in a diff of WORKSHOP.md.
+order while their learner minutes fit with SLACK minutes to spare, a break, a wrap-up; the
+notebooks that do not fit are listed as the part of the course left for after the workshop. It
+fits by construction, so a notebook that grows moves the cut, visibly, in a diff of WORKSHOP.md;
+the slack absorbs a room's questions and a slow start (the path is cut, the model never bent).
+docs/FACILITATOR.md's per-notebook clock comes from here too.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ README_RECORDS = ("lab-cpu-quick", "lab-cpu", "cpu-quick-avx2", "cpu-quick-avx2-
 WORKSHOP_RECORDS = ("lab-cpu-quick", "lab-cpu")
 WORKSHOP_MINUTES = 180
 WELCOME, BREAK, WRAP_UP = 10, 10, 5
+SLACK = 15  # minutes the path leaves free under WORKSHOP_MINUTES: a real room runs late
 BREAK_AFTER = 75  # minutes into the day: the break comes before the first notebook that starts later
 
 
@@ -60,6 +64,7 @@ def _script(name: str):
 
 course_words = _script("course_words")
 prose_figures = _script("prose_figures")
+facilitator = _script("facilitator")
 
 
 def notebooks(folder: pathlib.Path = ROOT / "notebooks") -> list[pathlib.Path]:
@@ -106,13 +111,14 @@ def run_all_times(paths: list[pathlib.Path], results: pathlib.Path = RESULTS) ->
 
 def plan(minutes: dict[str, int], day: int = WORKSHOP_MINUTES) -> tuple[list[tuple[int, str, int]], list[str]]:
     """The day as (start minute, what, minutes) rows, and the notebooks left for afterwards.
-    Notebooks go in course order while they fit (a later one needs the earlier ones)."""
+    Notebooks go in course order while they fit with SLACK minutes to spare (a later one needs
+    the earlier ones)."""
     rows, clock, had_break = [(0, "welcome; pre-flight already green", WELCOME)], WELCOME, False
     left = list(minutes)
     while left:
         name = left[0]
         needs_break = not had_break and clock >= BREAK_AFTER
-        if clock + BREAK * (not had_break) + minutes[name] + WRAP_UP > day:
+        if clock + BREAK * (not had_break) + minutes[name] + WRAP_UP + SLACK > day:
             break
         if needs_break:
             rows.append((clock, "break", BREAK))
@@ -140,7 +146,9 @@ def workshop_path(paths: list[pathlib.Path], results: pathlib.Path = RESULTS) ->
         lines.append(f"| {start // 60}:{start % 60:02d} | {label} | {length} | " + " | ".join(seconds) + " |")
     end = rows[-1][0] + rows[-1][2]
     lines.append("")
-    lines.append(f"Ends at {end // 60}:{end % 60:02d} of {WORKSHOP_MINUTES // 60}:{WORKSHOP_MINUTES % 60:02d}. "
+    slack = WORKSHOP_MINUTES - end
+    lines.append(f"Ends at {end // 60}:{end % 60:02d} of {WORKSHOP_MINUTES // 60}:{WORKSHOP_MINUTES % 60:02d}: "
+                 f"{slack} minutes of slack for the room's questions and a late start (at least {SLACK}). "
                  + (("Not in the room's three hours (a second session, or at home): "
                      + ", ".join(f"`{n}` ({minutes[n]} min)" for n in left) + ".")
                     if left else "Every notebook's core path fits."))
@@ -250,6 +258,7 @@ BLOCKS = {  # (document, block name) -> what writes it
     ("README.md", "card-sizes"): card_sizes,
     ("docs/WORKSHOP.md", "workshop-path"): workshop_path,
     ("docs/WORKSHOP.md", "room-size"): room_size,
+    ("docs/FACILITATOR.md", "facilitator-clock"): facilitator.clock_table,
 }
 
 

@@ -1,32 +1,38 @@
 """The GPU check: every notebook under the `gpu` preset, its executed copy, and a summary of
 the GPU claims (AMP speed-up and peak memory against fp32, checkpointing memory and time, MFU,
-the planner's estimate against `torch.cuda.max_memory_allocated`).
+the planner's estimate against `torch.cuda.max_memory_allocated`, the predicted and measured
+memory snapshots), with the best recipe's MFU measured first (scripts/gpu_recipe.py).
 
     make gpu-check                                            # = the next line
     python scripts/gpu_check.py --out docs/gpu-reference      # on a machine with a CUDA GPU
-    python scripts/gpu_check.py --preset cpu-quick --out /tmp/gpu-dry   # CPU dry run, same code path
+    python scripts/gpu_check.py --preset cpu-quick --out /tmp/dry   # CPU dry run, same code path
 
 Each notebook runs in a fresh Python process (as in a fresh kernel) through IPython's
 InteractiveShell (scripts/nbrun.py: no Jupyter kernel stack needed), with a timeout; a failing
 or timed-out notebook is recorded and the check goes on. Whatever happens, OUT gets
-`summary.json`, `log.txt` and `notebooks.tar.gz` (the executed notebooks; also as files in
-OUT/notebooks unless --tar-only). Figures only a GPU can give are null, with the reason, on a
-CPU dry run.
+`summary.json`, `log.txt`, `notebooks.tar.gz` (the executed notebooks; also as files in
+OUT/notebooks unless --tar-only), `recipe.json` and `viewers.tar.gz` (the files the notebooks
+wrote for PyTorch's viewers: 07's predicted and measured memory snapshots, 08's profiler trace).
+Figures only a GPU can give are null, with the reason, on a CPU dry run.
 
 Without a CUDA GPU the `gpu` preset has nothing to check: the check says so in one line, writes
 nothing and exits 0. Not a failure: `make gpu-check` on a laptop or in CPU CI is a question
 answered ("no GPU here"), and a non-zero status would make every CPU machine's run of the
 documented command look broken; the line names what to run instead (the CPU dry run).
 
-Sizing: the whole check must fit 8 minutes on one H200 (fp32 without TF32 ~67 TFLOP/s, bf16
-~790). A gpu-preset GPT step as sized for an H200 (12 layers, d=768, 32 x 512 tokens) is ~10 TFLOP: ~0.2-0.3 s in
-fp32, so the preset's 300 steps would take 60-90 s a run, and notebooks 01, 02, 03 and 07 train
-2-3 such runs each (11 in all); each notebook's fresh process also pays ~10-15 s of imports and
-CUDA start-up. The check therefore caps steps at 30 (WORKBENCH_MAX_STEPS; the shapes stay the gpu
-preset's): ~330 s of work estimated, within a 450 s budget. The timing, memory and MFU claims need
-a few timed steps, not a trained model; the gpu preset itself keeps 300 steps for a learner.
+Sizing: the whole check must fit ten minutes on one H100/H200, whose lease also pays its start
+(--budget-s 560 by default, the recipe first with up to 170 s of it). The first GPU run (run1 in
+docs/gpu-reference, 30 steps, one notebook at a time) took 14-75 s a notebook that ran through
+(00 14, 01 40, 02 49, 03 66, 04 42, 07 75 s), 08 over 120 s (two inductor compiles of the 12-layer
+GPT, 34 s each) and 06 over 90 s; 05, 09, 10 and 11 have not run through on a GPU, so one at a
+time is estimated, not measured, at ~650 s. So: steps capped
+at 20 (WORKBENCH_MAX_STEPS; the shapes stay the gpu preset's: the timing, memory and MFU claims
+need a few timed steps, not a trained model), evaluations at 256 samples (WORKBENCH_MAX_EVAL_SAMPLES:
+the gpu preset evaluates up to 100,000), and two lanes (--lanes 2 on a GPU): the notebooks whose
+GPU timings make claims (01, 03, 07, 08, 02) one after another in the first, the rest (mostly
+CPU-side: input pipelines, int8, processes over gloo) beside them in the second; the recipe runs
+alone before both. The summary records the lanes: a claim timed beside another notebook is read so.
 """
-
 from __future__ import annotations
 
 import argparse
@@ -51,6 +57,14 @@ TIMEOUT_S = {"00_tour": 45, "01_mixed_precision": 90, "02_gradient_accumulation"
              "06_multi_gpu": 90, "07_planner": 120,
              # two inductor compiles of the 12-layer GPT, 34 s each on an H200 (docs/gpu-reference)
              "08_speed_without_changing_the_math": 240}
+# The notebooks whose GPU timings the claims read run in the first lane, in this order; every
+# other notebook runs in the second (with --lanes 1, all in NOTEBOOKS' order).
+TIMED_LANE = ("01_mixed_precision", "03_activation_checkpointing", "07_planner", "08_speed_without_changing_the_math",
+              "02_gradient_accumulation")
+VIEWER_FILES_MAX_BYTES = 15 * 2**20  # what one file the GPU machine sends back may hold (16 MiB), less room
+# A dry run's notebooks on a CPU take minutes, not the GPU's seconds (00 ran past its 45 s on this
+# project's busy 2-core machine): each gets this, the budget still bounding the whole.
+DRY_RUN_TIMEOUT_S = 900
 NO_GPU = "no CUDA device here (a dry run): a GPU-only figure"
 # What the check says on a machine without a CUDA GPU, and all it does there: nothing is written.
 NO_CUDA_LINE = ("gpu-check: no CUDA GPU here (torch.cuda.is_available() is False); nothing run, nothing written "
@@ -123,6 +137,19 @@ def notebook_claims(name: str, ns: dict[str, Any]) -> dict[str, Any]:
                 "measured_over_predicted": (_ratio(c.result.memory.peak_bytes, c.plan.estimate.peak_bytes)
                                             if c.result.device == "cuda" else None),
                 "why_null": None if c.result.device == "cuda" else NO_GPU} for c in checks]
+            snapshots = {k: ns[k] for k in ("predicted", "measured") if hasattr(ns.get(k), "peak_bytes")}
+            if len(snapshots) == 2:  # its Optional section: both steps in memory_viz's format
+                p, m = snapshots["predicted"], snapshots["measured"]
+                claims["memory_snapshots"] = {
+                    "predicted_peak_bytes": p.peak_bytes, "measured_peak_bytes": m.peak_bytes,
+                    "measured_over_predicted": _ratio(m.peak_bytes, p.peak_bytes),
+                    "predicted": p.source, "measured": m.source,
+                    "files": ["runs/07_predicted_step.pickle", "runs/07_measured_step.pickle"]}
+        elif name == "08_speed_without_changing_the_math" and "TRACE" in ns:
+            from workbench.lessons.speed import trace_ranges
+
+            trace = pathlib.Path(ns["TRACE"])  # relative to notebooks/, where the child runs
+            claims["profiler_trace"] = {"file": str(trace), "bytes": trace.stat().st_size, "ranges": trace_ranges(trace)}
         elif name == "02_gradient_accumulation" and "peaks" in ns:
             claims["window_peaks"] = {f"{b}x{k}": {"bytes": p.bytes, "kind": p.kind} for (b, k), p in ns["peaks"].items()}
         elif name == "05_quantization" and "speeds" in ns:
@@ -194,7 +221,95 @@ def headline(notebooks: dict[str, Any]) -> dict[str, Any]:
     plan = claims("07_planner").get("estimate_vs_max_memory_allocated")
     return {"amp_vs_fp32": amp or None, "checkpointing": ckpt or None,
             "mfu_vs_spec_sheet_peak": mfu or {"value": None, "why_null": NO_GPU},
-            "estimate_vs_max_memory_allocated": plan}
+            "estimate_vs_max_memory_allocated": plan,
+            "memory_snapshots": claims("07_planner").get("memory_snapshots"),
+            "profiler_trace": claims("08_speed_without_changing_the_math").get("profiler_trace")}
+
+
+def lanes_for(names: list[str], lanes: int) -> list[list[str]]:
+    """The notebooks each lane runs, in order: with two, TIMED_LANE's first, the rest second."""
+    if lanes <= 1:
+        return [list(names)]
+    timed = [n for n in TIMED_LANE if n in names]
+    return [timed, [n for n in names if n not in timed]]
+
+
+class _Notebook:
+    """One notebook's child process, its log and its deadline."""
+
+    def __init__(self, name: str, executed: pathlib.Path, env: dict[str, str], timeout: float) -> None:
+        self.name, self.executed, self.timeout = name, executed, timeout
+        self.log_path = executed / f"{name}.log"
+        self.log = open(self.log_path, "w")
+        self.began = time.perf_counter()
+        self.proc = subprocess.Popen([sys.executable, __file__, "--child", name, "--out", str(executed)], env=env,
+                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def record(self) -> dict[str, Any] | None:
+        """Its record once it has ended (killed at its deadline), else None."""
+        if self.proc.poll() is None and time.perf_counter() - self.began < self.timeout:
+            return None
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the notebook and whatever it started
+            self.proc.wait()
+            record = {"status": "timeout", "error": f"stopped after {self.timeout:.0f} s"}
+        else:
+            try:
+                record = json.loads((self.executed / f"{self.name}.json").read_text())
+            except (OSError, ValueError) as error:
+                record = {"status": "crashed", "error": f"exit {self.proc.returncode}: {error}"}
+        self.log.close()
+        record["seconds"] = round(time.perf_counter() - self.began, 1)
+        record["skipped"] = _skips(self.executed / f"{self.name}.ipynb")
+        return record
+
+
+def run_notebooks(lanes: list[list[str]], executed: pathlib.Path, env: dict[str, str], *, deadline: float,
+                  log: Any, timeouts: dict[str, float] | None = None, default_timeout: float = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
+    """Every lane's notebooks, one at a time in each lane, the lanes side by side, until `deadline`
+    (time.perf_counter()); a notebook not started by then is 'not run'."""
+    records: dict[str, Any] = {}
+    queues = [list(lane) for lane in lanes]
+    running: list[_Notebook | None] = [None] * len(queues)
+    while any(queues) or any(running):
+        for i, queue in enumerate(queues):
+            job = running[i]
+            if job is not None and (record := job.record()) is not None:
+                records[job.name] = record
+                print(f"\n===== {job.name} (lane {i + 1}): {record['status']} in {record['seconds']} s "
+                      f"{record.get('error') or ''}\n{job.log_path.read_text()}", file=log, flush=True)
+                job.log_path.unlink()
+                print(f"{job.name:<36} {record['status']:<8} {record['seconds']:6.1f} s  {record.get('error') or ''}",
+                      flush=True)
+                running[i] = job = None
+            if job is None and queue:
+                name = queue.pop(0)
+                left = deadline - time.perf_counter()
+                if left < 20:
+                    records[name] = {"status": "not run", "error": "the check's budget was spent"}
+                    continue
+                timeout = (TIMEOUT_S if timeouts is None else timeouts).get(name, default_timeout)
+                running[i] = _Notebook(name, executed, env, min(timeout, left))
+        time.sleep(0.2)
+    return records
+
+
+def _pack_viewer_files(since: float, out: pathlib.Path) -> dict[str, Any]:
+    """The files the notebooks wrote for PyTorch's viewers in this check (notebooks/runs/, newer than
+    `since`) into out/viewers.tar.gz, largest left out first while over what one file may carry back."""
+    found = sorted((p for p in (ROOT / "notebooks" / "runs").glob("*") if p.is_file() and p.stat().st_mtime >= since),
+                   key=lambda p: p.stat().st_size)
+    kept, left_out, total = [], [], 0
+    for path in found:
+        if total + path.stat().st_size <= VIEWER_FILES_MAX_BYTES:
+            kept.append(path)
+            total += path.stat().st_size
+        else:
+            left_out.append(f"{path.name} ({path.stat().st_size:,} B)")
+    with tarfile.open(out / "viewers.tar.gz", "w:gz") as tar:
+        for path in kept:
+            tar.add(path, arcname=f"runs/{path.name}")
+    return {"files": {p.name: p.stat().st_size for p in kept}, "left_out": left_out}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,8 +317,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "docs" / "gpu-reference")
     parser.add_argument("--preset", default="gpu", choices=("gpu", "cpu", "cpu-quick"),
                         help="gpu on a GPU; cpu-quick for a CPU dry run of the same code path")
-    parser.add_argument("--max-steps", type=int, default=30, help="WORKBENCH_MAX_STEPS for every run (0: no cap)")
-    parser.add_argument("--budget-s", type=float, default=450, help="stop starting notebooks after this many seconds")
+    parser.add_argument("--max-steps", type=int, default=20, help="WORKBENCH_MAX_STEPS for every run (0: no cap)")
+    parser.add_argument("--max-eval-samples", type=int, default=256,
+                        help="WORKBENCH_MAX_EVAL_SAMPLES for every run (0: the preset's)")
+    parser.add_argument("--budget-s", type=float, default=560, help="stop starting anything after this many seconds")
+    parser.add_argument("--recipe-budget-s", type=float, default=170,
+                        help="seconds of the budget for the best recipe's MFU arms, run first (0: none)")
+    parser.add_argument("--lanes", type=int, choices=(1, 2), default=None,
+                        help="notebooks side by side (default: 2 on a GPU, 1 on a CPU)")
     parser.add_argument("--notebooks", nargs="*", default=NOTEBOOKS)
     parser.add_argument("--tar-only", action="store_true", help="executed notebooks only inside notebooks.tar.gz")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -218,9 +339,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--out {typed_out} would write the executed notebooks over the ones it runs, in "
                      f"{ROOT / 'notebooks'} (and --tar-only would delete them); pass another folder such as "
                      "--out docs/gpu-reference")
-    if args.preset == "gpu" and not _cuda_available():
+    cuda = _cuda_available()
+    if args.preset == "gpu" and not cuda:
         print(NO_CUDA_LINE.format(out=args.out))
         return 0
+    lanes = args.lanes or (2 if cuda else 1)
     args.out.mkdir(parents=True, exist_ok=True)
     executed.mkdir(exist_ok=True)
     env = {**os.environ, "WORKBENCH_PRESET": args.preset, "WORKBENCH_HEADLESS": "1", "HF_HUB_OFFLINE": "1",
@@ -228,37 +351,28 @@ def main(argv: list[str] | None = None) -> int:
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     if args.max_steps:
         env["WORKBENCH_MAX_STEPS"] = str(args.max_steps)
-    summary: dict[str, Any] = {"preset": args.preset, "max_steps": args.max_steps or None, "budget_s": args.budget_s,
-                               "machine": machine(), "notebooks": {}}
-    began = time.perf_counter()
+    if args.max_eval_samples:
+        env["WORKBENCH_MAX_EVAL_SAMPLES"] = str(args.max_eval_samples)
+    plan = lanes_for(args.notebooks, lanes)
+    summary: dict[str, Any] = {"preset": args.preset, "max_steps": args.max_steps or None,
+                               "max_eval_samples": args.max_eval_samples or None, "budget_s": args.budget_s,
+                               "lanes": plan, "machine": machine(), "notebooks": {}}
+    began, wall_began = time.perf_counter(), time.time()
+    deadline = began + args.budget_s
     with open(args.out / "log.txt", "w") as log:
         print(json.dumps(summary["machine"]), file=log, flush=True)
-        for name in args.notebooks:
-            left = args.budget_s - (time.perf_counter() - began)
-            if left < 20:
-                summary["notebooks"][name] = {"status": "not run", "error": f"the check's budget of {args.budget_s:.0f} s was spent"}
-                continue
-            timeout = min(TIMEOUT_S.get(name, DEFAULT_TIMEOUT_S), left)
-            print(f"\n===== {name} (timeout {timeout:.0f} s)", file=log, flush=True)
-            start = time.perf_counter()
-            proc = subprocess.Popen([sys.executable, __file__, "--child", name, "--out", str(executed)], env=env,
-                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            try:
-                proc.wait(timeout=timeout)
-                record = json.loads((executed / f"{name}.json").read_text())
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)  # the notebook and whatever it started
-                proc.wait()
-                record = {"status": "timeout", "error": f"stopped after {timeout:.0f} s"}
-            except (OSError, ValueError) as error:
-                record = {"status": "crashed", "error": f"exit {proc.returncode}: {error}"}
-            record["seconds"] = round(time.perf_counter() - start, 1)
-            record["skipped"] = _skips(executed / f"{name}.ipynb")
-            summary["notebooks"][name] = record
-            print(f"===== {name}: {record['status']} in {record['seconds']} s {record.get('error') or ''}", file=log, flush=True)
-            print(f"{name:<30} {record['status']:<8} {record['seconds']:6.1f} s  {record.get('error') or ''}", flush=True)
+        if args.recipe_budget_s > 0:
+            sys.path.insert(0, str(ROOT / "scripts"))
+            import gpu_recipe
+
+            summary["recipe"] = gpu_recipe.run_arms(args.out, budget_s=min(args.recipe_budget_s, args.budget_s),
+                                                    steps=args.max_steps or 20, env=env, log=log)
+        dry = {} if args.preset == "gpu" else {"timeouts": {}, "default_timeout": DRY_RUN_TIMEOUT_S}
+        summary["notebooks"] = run_notebooks(plan, executed, env, deadline=deadline, log=log, **dry)
     summary["total_s"] = round(time.perf_counter() - began, 1)
     summary["claims"] = headline(summary["notebooks"])
+    summary["claims"]["best_recipe_mfu"] = (summary.get("recipe") or {}).get("best_mfu")
+    summary["viewer_files"] = _pack_viewer_files(wall_began, args.out)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
     with tarfile.open(args.out / "notebooks.tar.gz", "w:gz") as tar:
         for path in sorted(executed.glob("*")):

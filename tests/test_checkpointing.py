@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+import workbench as wb
 from workbench import RunConfig
 from workbench.core.models import loss_fn
 from workbench.switches.checkpointing import set_activation_checkpointing
@@ -156,11 +157,12 @@ def test_claim_rows_judge_memory_and_gradients_and_leave_a_shared_cores_time_unj
     baseline, checkpointed = tiny_runs
     p = make_probe(baseline.config, samples=B)
     pair = checkpointing_dial(p.new_model(), p.inputs, p.labels, {"none": "none", "all": "all"}, rounds=3)
-    rows = checkpointing.claim_rows(baseline, checkpointed, pair)
+    rows = wb.claims("03", "cpu", checkpointing.claim_rows(baseline, checkpointed, pair)).checked
     assert [r[0] for r in rows] == ["50-70% less memory", "~30% more compute time", "~20% slower", "the same gradients"]
     assert rows[3][3] == "holds"
     if not pair.timing_is_clean:
-        assert rows[1][3].startswith("not shown here") and rows[2][3].startswith("not shown here")
+        for row in rows[1:3]:  # unjudged, unless the ratio is beyond anything a busy core does to it
+            assert row[3].startswith("not shown here: this process had") or "beyond a busy core's 4x" in row[3]
 
 
 def test_memory_moments_show_checkpointing_lowering_the_replayed_peak(capsys):

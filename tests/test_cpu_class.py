@@ -147,7 +147,8 @@ def test_05s_int8_speed_is_asserted_on_vnni_only_where_no_class_is_presented(pre
 
     monkeypatch.setattr(quantization, "int8_kernels", lambda: "avx512_vnni")
     monkeypatch.setattr(quantization, "int8_speedup_expected", lambda device: True)
-    model = SimpleNamespace(latency_s=1.0, size_bytes=100, accuracy=0.9, accuracy_change=lambda other: 0.0)
+    model = SimpleNamespace(latency_s=1.0, size_bytes=100, accuracy=0.9, accuracy_change=lambda other: 0.0,
+                            samples=100, correct=None)
     slower = {"MLP": SimpleNamespace(ratio=0.8, core=SimpleNamespace(free=True))}
     rows = lambda: quantization.claims_rows(model, model, model, model, model, slower, trained=False)
     present(None)
@@ -156,3 +157,4 @@ def test_05s_int8_speed_is_asserted_on_vnni_only_where_no_class_is_presented(pre
     present("avx512_fp16")
     speed = rows()[0]
     assert speed[3].startswith("does not hold here:") and speed[3].endswith(f"({cpu_class.presented_note()}: not asserted)")
+    assert not speed[4].enough and "the kernels timed are this CPU's" in speed[4].short  # wb.claims says "not shown here"

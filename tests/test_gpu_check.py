@@ -106,3 +106,109 @@ def test_a_relative_out_is_the_callers_folder_not_the_notebooks(tmp_path, monkey
     assert ran == [(SCRIPTS.parent / "notebooks", SCRIPTS.parent / "notebooks" / "00_tour.ipynb",
                     tmp_path / "rel" / "00_tour.ipynb")]
     assert json.loads((tmp_path / "rel" / "00_tour.json").read_text())["status"] == "ok"
+
+
+def test_two_lanes_put_the_timed_notebooks_first_and_one_lane_keeps_every_notebook_in_order():
+    one, = gpu_check.lanes_for(gpu_check.NOTEBOOKS, 1)
+    assert one == gpu_check.NOTEBOOKS
+    timed, rest = gpu_check.lanes_for(gpu_check.NOTEBOOKS, 2)
+    assert timed == list(gpu_check.TIMED_LANE) and sorted(timed + rest) == sorted(gpu_check.NOTEBOOKS)
+    assert gpu_check.lanes_for(["00_tour", "08_speed_without_changing_the_math"], 2) == [
+        ["08_speed_without_changing_the_math"], ["00_tour"]]
+
+
+def test_the_lanes_run_side_by_side_and_what_the_budget_cannot_start_is_not_run(monkeypatch, tmp_path):
+    """The scheduler alone: each notebook is a stub that ends after a set number of polls."""
+    started = []
+
+    class Stub:
+        def __init__(self, name, executed, env, timeout):
+            self.name, self.polls = name, {"a": 2, "b": 1, "c": 1}[name]
+            self.log_path = tmp_path / f"{name}.log"
+            self.log_path.write_text(f"{name} ran\n")
+            started.append((name, [n for n, _ in started if n not in done]))
+
+        def record(self):
+            self.polls -= 1
+            if self.polls > 0:
+                return None
+            done.add(self.name)
+            return {"status": "ok", "seconds": 0.0}
+
+    done: set = set()
+    monkeypatch.setattr(gpu_check, "_Notebook", Stub)
+    monkeypatch.setattr(gpu_check.time, "sleep", lambda s: None)
+    log = tmp_path / "log.txt"
+    with open(log, "w") as f:
+        records = gpu_check.run_notebooks([["a", "c"], ["b"]], tmp_path, {}, deadline=gpu_check.time.perf_counter() + 60,
+                                          log=f)
+    assert records == {"a": {"status": "ok", "seconds": 0.0}, "b": {"status": "ok", "seconds": 0.0},
+                       "c": {"status": "ok", "seconds": 0.0}}
+    assert started[1] == ("b", ["a"])  # b started while a still ran: side by side
+    assert "a ran" in log.read_text() and not list(tmp_path.glob("*.log"))
+    with open(log, "w") as f:
+        late = gpu_check.run_notebooks([["a"]], tmp_path, {}, deadline=gpu_check.time.perf_counter() + 5, log=f)
+    assert late == {"a": {"status": "not run", "error": "the check's budget was spent"}}
+
+
+def test_the_viewer_files_of_this_check_are_packed_and_an_oversized_one_is_named(monkeypatch, tmp_path):
+    import tarfile
+    import time
+
+    runs = tmp_path / "notebooks" / "runs"
+    runs.mkdir(parents=True)
+    old = runs / "old.json"
+    old.write_text("{}")
+    import os
+    os.utime(old, (1, 1))  # from an earlier check: not this one's
+    since = time.time() - 1
+    (runs / "07_predicted_step.pickle").write_bytes(b"p" * 100)
+    (runs / "08_profile_trace.json").write_bytes(b"t" * 300)
+    monkeypatch.setattr(gpu_check, "ROOT", tmp_path)
+    monkeypatch.setattr(gpu_check, "VIEWER_FILES_MAX_BYTES", 250)
+    packed = gpu_check._pack_viewer_files(since, tmp_path)
+    assert packed == {"files": {"07_predicted_step.pickle": 100}, "left_out": ["08_profile_trace.json (300 B)"]}
+    with tarfile.open(tmp_path / "viewers.tar.gz") as tar:
+        assert tar.getnames() == ["runs/07_predicted_step.pickle"]
+
+
+def test_the_summary_reads_07s_snapshots_and_08s_trace_from_their_namespaces(tmp_path, monkeypatch):
+    from types import SimpleNamespace as S
+
+    predicted, measured = S(peak_bytes=1000, source="predicted: ..."), S(peak_bytes=1010, source="measured: ...")
+    claims = gpu_check.notebook_claims("07_planner", {"predicted": predicted, "measured": measured})
+    assert claims["memory_snapshots"]["measured_over_predicted"] == 1.01
+    trace = tmp_path / "t.json"
+    trace.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "user_annotation", "name": "forward"}]}))
+    claims = gpu_check.notebook_claims("08_speed_without_changing_the_math", {"TRACE": trace})
+    ranges = {"forward": 1, "backward": 0, "optimizer": 0}
+    assert claims["profiler_trace"] == {"file": str(trace), "bytes": trace.stat().st_size, "ranges": ranges}
+    summary = gpu_check.headline({"08_speed_without_changing_the_math": {"claims": claims}})
+    assert summary["profiler_trace"]["ranges"] == ranges and summary["memory_snapshots"] is None
+
+
+def test_the_recipe_arms_grow_the_batch_to_what_the_estimate_says_fits(monkeypatch):
+    """scripts/gpu_recipe.py's plan, with a stand-in estimate (bytes = batch x seq x width): on a CPU
+    (the dry run) the 'card' is 4 x the first arm's peak, the arms stay eager and autotune is left out."""
+    from types import SimpleNamespace as S
+
+    import workbench
+    import gpu_recipe
+
+    def estimate(cfg, device):
+        return S(peak_bytes=cfg.batch_size * cfg.seq_len * cfg.dims["d_model"])
+
+    monkeypatch.setattr(workbench, "estimate", estimate)
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("WORKBENCH_PRESET", "cpu-quick")
+    base = gpu_recipe.base_config(3).resolved()
+    first = base.batch_size * base.seq_len * base.dims["d_model"]
+    arms = {a["arm"]: a for a in gpu_recipe.plan_arms(3)}
+    assert list(arms) == ["recipe", "seq", "wider"]  # no autotune arm on a CPU
+    assert all(a["config"]["compile"] == "none" and a["memory_bytes"] == 4 * first for a in arms.values())
+    fits = [b for b in gpu_recipe.BATCHES if b * 2 * base.seq_len * base.dims["d_model"] <= 0.8 * 4 * first]
+    assert arms["seq"]["config"]["batch_size"] == max(fits) and arms["seq"]["config"]["seq_len"] == 2 * base.seq_len
+    wide = arms["wider"]["config"]
+    assert wide["dims"]["d_model"] == 2 * base.dims["d_model"] and wide["dims"]["d_model"] // wide["dims"]["n_head"] in (
+        2 * base.dims["d_model"], 128)

@@ -18,6 +18,7 @@ import os
 import re
 import resource
 import signal
+import stat
 import time
 
 import pytest
@@ -168,7 +169,8 @@ def test_one_process_diverging_stops_every_process_together(monkeypatch):
         return loss * math.nan if dist.get_rank() == 1 and len(calls) == 3 else loss
 
     monkeypatch.setattr(train, "loss_fn", nan_on_rank_1)
-    result = launch(RunConfig(**{**TINY, "batch_size": 16, "log_every": 2}), num_processes=2, sinks=[], timeout_s=120)
+    result = launch(RunConfig(**{**TINY, "batch_size": 16, "log_every": 2}), num_processes=2, sinks=[], timeout_s=120,
+                    start_method="fork")
     # Rank 0's loss was finite: it stops because the log step gathers every process's figures.
     assert (result.status, result.loss_steps) == ("diverged", [2])
     assert result.message.startswith("the loss became non-finite (nan or inf) at step 3; stopped at step 4,")
@@ -953,7 +955,8 @@ def test_a_launched_child_failing_after_training_reports_the_cause_not_the_note(
         raise RuntimeError("evaluation broke")
 
     monkeypatch.setattr(train, "evaluate", fails)  # the forked children inherit it
-    result = launch(RunConfig(**{**TINY, "eval_samples": 64}), num_processes=2, sinks=[], timeout_s=120)
+    result = launch(RunConfig(**{**TINY, "eval_samples": 64}), num_processes=2, sinks=[], timeout_s=120,
+                    start_method="fork")
     assert (result.status, result.message) == ("failed", "RuntimeError: evaluation broke")
 
 
@@ -1702,3 +1705,733 @@ def test_the_setup_stamp_is_trusted_only_while_what_it_says_is_installed(tmp_pat
                 "another set asked": "set test asked, learn installed", "the workbench gone": "torch-workbench (the workbench) is not installed",
                 "no stamp": "nothing installed yet"}[case]
     assert any(expected in reason for reason in why), why
+
+
+# --- round 4: the prediction ledger (issue 42): it never costs the exercise ----------------------
+# A learner's ledger is a file anyone (a classmate, a tool, a bad disk) can spoil. Each class gets
+# several variants; each variant failed on the code before this section (wb.calibration raised
+# UnicodeDecodeError, AttributeError, KeyError or ValueError; a FIFO blocked the check forever;
+# wb.check raised numpy's or torch's own error; HOME='' put the ledger at '/').
+
+from fractions import Fraction  # noqa: E402
+from decimal import Decimal  # noqa: E402
+import threading  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from workbench.lessons import exercises, ledger, ledger_file  # noqa: E402
+
+GOOD_ROW = {"notebook": "00_tour", "exercise": "answer_a", "predicted": 2.0, "measured": 1.0, "kind": "ratio",
+            "unit": "x", "verdict": "wrong", "time": "2026-12-01T20:00:00+00:00", "session": "1-x"}
+
+
+@pytest.fixture
+def own_ledger(tmp_path, monkeypatch):
+    path = tmp_path / "ledger.jsonl"
+    monkeypatch.setenv("WORKBENCH_LEDGER", str(path))
+    monkeypatch.setattr(ledger_file, "_warned", set())
+    return path
+
+
+@pytest.mark.parametrize("line", [
+    b"\xff\xfe not utf-8 \x80",                                     # one non-UTF-8 byte (and more)
+    b"42",                                                          # a bare number
+    b'"a string"', b"[1, 2, 3]", b"null", b"true",                  # JSON that is no row
+    json.dumps({k: v for k, v in GOOD_ROW.items() if k != "kind"}).encode(),       # a row missing a key
+    json.dumps({k: v for k, v in GOOD_ROW.items() if k != "predicted"}).encode(),
+    json.dumps(dict(GOOD_ROW, predicted=None)).encode(),
+    json.dumps(GOOD_ROW).replace("2.0", "1" * 5000).encode(),        # a 5,000-digit number
+    json.dumps(GOOD_ROW).replace("2.0", "1" + "0" * 400).encode(),   # an integer no float holds
+    json.dumps(GOOD_ROW).replace("2.0", "NaN").encode(), json.dumps(GOOD_ROW).replace("2.0", "Infinity").encode(),
+    json.dumps(GOOD_ROW).replace("2.0", "1e999").encode(),
+    json.dumps(dict(GOOD_ROW, kind="speed")).encode(), json.dumps(dict(GOOD_ROW, verdict=3)).encode(),
+    json.dumps(dict(GOOD_ROW, notebook=7)).encode(),                 # a name that is a number
+    b"[" * 100_000,                                                  # nesting past the recursion limit
+    b'{"kind": "ratio", "x": "' + b"y" * 100_000 + b'"}',             # a line no ledger writes
+], ids=lambda line: repr(line[:24]))
+def test_a_ledger_line_that_is_no_row_is_skipped_and_counted_never_raised(own_ledger, line):
+    own_ledger.write_bytes(json.dumps(GOOD_ROW).encode() + b"\n" + line + b"\n" + json.dumps(GOOD_ROW).encode() + b"\n")
+    mine = wb.calibration()
+    assert (len(mine.checked), mine.skipped) == (2, 1)
+    assert "skipped 1 line of the ledger" in str(mine) and mine._repr_html_()
+    assert len(wb.calibration("00_tour").checked) == 2
+    assert len(ledger.read_rows(own_ledger)) == 2
+
+
+def test_rows_given_by_hand_are_screened_the_same_way():
+    given = [GOOD_ROW, 5, "row", None, {"kind": "ratio"}, dict(GOOD_ROW, measured=float("nan")), dict(GOOD_ROW, predicted=10**5000)]
+    mine = wb.calibration(rows=given)
+    assert (len(mine.checked), mine.skipped) == (1, 6) and mine.summary()[0].startswith("you over-estimate")
+    for bad, word in ((5, "notebook"), ("rows", "rows")):
+        with pytest.raises(TypeError, match=word) as info:
+            wb.calibration(bad) if word == "notebook" else wb.calibration(rows=bad)
+        assert "\n" not in str(info.value)
+
+
+def _blocks(fn, path) -> bool:
+    """Whether fn() is still inside a blocking open of the FIFO at `path` after 5 s; if so it is
+    released (an O_RDWR open of a FIFO never blocks and serves either side) so the test ends."""
+    worker = threading.Thread(target=fn, daemon=True)
+    worker.start()
+    worker.join(5)
+    if worker.is_alive():
+        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+        worker.join(5)
+        os.close(fd)
+        return True
+    return False
+
+
+@pytest.mark.parametrize("special", ["fifo", "folder", "device", "link to a fifo"])
+def test_a_ledger_path_that_is_no_regular_file_is_refused_in_one_line_and_never_blocks(own_ledger, tmp_path, monkeypatch,
+                                                                                        capsys, special):
+    target = tmp_path / "target"
+    if special in ("fifo", "link to a fifo"):
+        os.mkfifo(target if special == "link to a fifo" else own_ledger)
+        if special == "link to a fifo":
+            own_ledger.symlink_to(target)
+    elif special == "folder":
+        own_ledger.mkdir()
+    else:
+        monkeypatch.setenv("WORKBENCH_LEDGER", os.devnull)
+    path = os.environ["WORKBENCH_LEDGER"]
+    answer_a = 7
+    assert not _blocks(lambda: exercises.check(answer_a, 7), path), "the check blocked on the ledger"
+    out, err = capsys.readouterr()
+    assert "Correct: 7" in out and len(err.strip().splitlines()) == 1
+    assert "not a regular file" in err and "WORKBENCH_LEDGER" in err and "unaffected" in err
+    found = []
+    assert not _blocks(lambda: found.append(wb.calibration("00_tour")), path), "calibration blocked on the ledger"
+    (mine,) = found
+    assert not mine.checked and "not a regular file" in mine.summary()[0] and "\n" not in mine.summary()[0]
+
+
+@pytest.mark.parametrize("home", ["", "relative/home", "."])
+def test_a_home_that_is_no_folder_never_puts_the_ledger_at_the_root(monkeypatch, home):
+    monkeypatch.delenv("WORKBENCH_LEDGER", raising=False)
+    monkeypatch.setenv("HOME", home)
+    with pytest.raises(ledger.LedgerRefused, match="HOME=.*WORKBENCH_LEDGER") as info:
+        ledger.ledger_path()
+    assert "\n" not in str(info.value)
+    assert "HOME" in wb.calibration().summary()[0]  # calibration says it in its one line, and returns
+
+
+@pytest.mark.parametrize("answer", [np.int64(8), np.float32(8.0), np.array(8), np.array([8.0]), torch.tensor(8),
+                                    torch.tensor([8.0]), Fraction(16, 2), Decimal("8.0")])
+def test_an_answer_of_any_numeric_kind_is_read_as_its_number(own_ledger, capsys, answer):
+    answer_a = answer
+    exercises.check(answer_a, 8)
+    assert capsys.readouterr().out.startswith("Correct: 8")
+    exercises.check(answer_a, np.float64(8.0), rel_tol=0.01)      # a truth of any numeric kind too
+    exercises.check(answer_a, torch.tensor(8))
+    rows = ledger.read_rows(own_ledger)
+    assert [r["predicted"] for r in rows] == [8] * 3 and all(isinstance(r["predicted"], (int, float)) for r in rows)
+
+
+@pytest.mark.parametrize("answer, says", [
+    (np.array([1.0, 2.0]), "ndarray of 2 values"), (torch.ones(3), "Tensor of 3 values"), (np.array([]), "of 0 values"),
+    (float("nan"), "finite"), (float("inf"), "finite"), (np.float64("nan"), "finite"), (10**5000, "bits"),
+    (1 + 2j, "complex"), ("8", "not a number"), (True, "not a number"), ([8], "not a number"), (b"8", "not a number"),
+], ids=lambda v: v if isinstance(v, str) else type(v).__name__)
+def test_an_answer_that_holds_no_single_number_is_refused_in_one_line_naming_it(own_ledger, answer, says):
+    answer_b = answer
+    with pytest.raises(exercises.UnreadableAnswer) as info:
+        exercises.check(answer_b, 8, rel_tol=0.01)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("answer_b is ") and says in message
+    assert not own_ledger.exists()  # nothing recorded
+
+
+@pytest.mark.parametrize("answer, says", [(np.array(["up", "down"]), "of 2 values"), (3, "one of the words"),
+                                          (torch.tensor([1, 2]), "of 2 values")])
+def test_a_choice_answered_with_a_number_or_an_array_is_refused_in_one_line(own_ledger, answer, says):
+    answer_c = answer
+    with pytest.raises(exercises.UnreadableAnswer) as info:
+        exercises.check(answer_c, "up")
+    assert "\n" not in str(info.value) and says in str(info.value)
+
+
+# --- round 4: launching (issue 42): arguments before processes, Stop at once, nothing left behind ---
+
+def _descendants() -> set[int]:
+    import psutil
+
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _running(pids) -> set[int]:
+    import psutil
+
+    alive = set()
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.add(pid)
+    return alive
+
+
+def _rank_that_starts_a_child(folder: str, how: str) -> int:
+    """A rank that starts two processes of its own (one in its process group, one in a session of
+    its own), writes the three pids down, then does `how`: 'waits' (forever), 'fails' (rank 1
+    raises, rank 0 waits), 'returns' (its children left running)."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
+    children = [subprocess.Popen(sleep), subprocess.Popen(sleep, start_new_session=True)]
+    Path(folder, f"rank{rank}.pids").write_text(" ".join(str(p) for p in (os.getpid(), *(c.pid for c in children))))
+    if how == "returns":
+        return rank
+    if how == "fails" and rank == 1:
+        time.sleep(1)  # its children seen by the launcher (it looks twice a second)
+        raise RuntimeError("rank 1 broke")
+    time.sleep(600)
+    return rank
+
+
+def _pids_written(folder, ranks: int = 2, within_s: float = 120.0) -> set[int]:
+    from pathlib import Path
+
+    end = time.monotonic() + within_s
+    while True:
+        files = sorted(Path(folder).glob("rank*.pids"))
+        if len(files) == ranks and all(f.read_text().strip().count(" ") == 2 for f in files):
+            return {int(pid) for f in files for pid in f.read_text().split()}
+        if time.monotonic() > end:
+            raise AssertionError(f"the ranks did not start within {within_s:g} s")
+        time.sleep(0.1)
+
+
+def _gone_within(pids, seconds: float = 10.0) -> set[int]:
+    end = time.monotonic() + seconds
+    while _running(pids) and time.monotonic() < end:
+        time.sleep(0.1)
+    return _running(pids)
+
+
+@pytest.mark.parametrize("fn, kwargs, error, message", [
+    (42, {}, TypeError, "fn must be a function to call in each process, got int 42; pass a function"),
+    ("train", {}, TypeError, "fn must be a function to call in each process, got str 'train'"),
+    (None, {}, TypeError, "fn must be a function to call in each process, got NoneType None"),
+    (RunConfig(model="mlp"), {}, TypeError, "use launch(config) for a RunConfig"),
+    (time.sleep, {"device": "tpu"}, ValueError, "device='tpu' is not known; pass device='auto', 'cpu' or 'cuda'"),
+    (time.sleep, {"device": ["cpu"]}, ValueError, "device=['cpu'] is not known"),
+    (time.sleep, {"num_processes": 2.5}, ValueError, "num_processes=2.5 must be a whole number >= 1"),
+    (time.sleep, {"num_processes": "2"}, ValueError, "num_processes='2' must be a whole number >= 1"),
+    (time.sleep, {"timeout_s": float("inf")}, ValueError, "timeout_s=inf must be a positive number of seconds"),
+    (time.sleep, {"start_method": "thread"}, ValueError, "start_method='thread' is not known"),
+    (time.sleep, {"threads_per_process": 0}, ValueError, "threads_per_process=0 must be a whole number from 1"),
+])
+def test_launch_function_checks_every_argument_before_a_process_starts(fn, kwargs, error, message):
+    from workbench.engine.launch import launch_function
+
+    before = _descendants()
+    with pytest.raises(error, match=re.escape(message)):
+        launch_function(fn, 1, **{"num_processes": 2, "device": "cpu", "timeout_s": 60, **kwargs})
+    assert _descendants() <= before  # nothing was started, not even for a moment that outlived the call
+
+
+def test_arguments_that_cannot_reach_the_processes_are_refused_before_they_start():
+    from workbench.engine.launch import LaunchError, launch_function
+
+    before = _descendants()
+    with pytest.raises(LaunchError, match=r"^the launch's arguments cannot be sent to a started process \(TypeError: "
+                                          r".*generator.*\); define what they use in a \.py module, or pass "
+                                          r"start_method='fork' \(Linux\)$"):
+        launch_function(time.sleep, (i for i in range(3)), num_processes=2, device="cpu", timeout_s=60)
+    assert _descendants() <= before
+
+
+@pytest.mark.parametrize("how, timeout_s, expected", [
+    ("waits", 15, "timed out after 15 s"),         # the timeout: the ranks and what they started
+    ("fails", 60, "RuntimeError: rank 1 broke"),   # one rank fails: the other and all four children stop
+    ("returns", 60, None),                         # a clean end: what the ranks left running stops too
+])
+def test_whatever_ends_a_launch_what_its_ranks_started_ends_with_it(tmp_path, how, timeout_s, expected):
+    from workbench.engine.launch import LaunchError, launch_function
+
+    if expected is None:
+        assert launch_function(_rank_that_starts_a_child, str(tmp_path), how, num_processes=2, device="cpu",
+                               timeout_s=timeout_s) == [0, 1]
+    else:
+        with pytest.raises(LaunchError, match=re.escape(expected)):
+            launch_function(_rank_that_starts_a_child, str(tmp_path), how, num_processes=2, device="cpu",
+                            timeout_s=timeout_s)
+    pids = _pids_written(tmp_path, within_s=1)  # (15 s: time for the ranks to start on a loaded machine)
+    assert len(pids) == 6 and _gone_within(pids) == set()
+
+
+@pytest.mark.parametrize("when", ["while the ranks run", "while they start"])
+def test_stop_during_a_launch_is_honoured_at_once_and_leaves_no_process(tmp_path, when):
+    import threading
+
+    from workbench.engine.launch import LaunchError, launch_function
+
+    before = _descendants()
+
+    def press_stop() -> None:  # what Jupyter's Stop button does: SIGINT to the kernel's process
+        if when == "while the ranks run":
+            _pids_written(tmp_path)
+        else:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+        pressed.append(time.monotonic())
+
+    pressed: list[float] = []
+    threading.Thread(target=press_stop, daemon=True).start()
+    with pytest.raises(LaunchError, match=r"^stopped by the user$"):
+        launch_function(_rank_that_starts_a_child, str(tmp_path), "waits", num_processes=2, device="cpu",
+                        timeout_s=120)
+    assert pressed and time.monotonic() - pressed[0] < 20  # at once, not at the 120 s timeout
+    started = _descendants() - before
+    leftovers = {pid for pid in started if pid not in _forkserver_family()}
+    pids = {int(pid) for f in tmp_path.glob("rank*.pids") for pid in f.read_text().split()}  # those written
+    assert len(pids) == (6 if when == "while the ranks run" else len(pids)) and _gone_within(pids | leftovers) == set()
+
+
+def _forkserver_family() -> set[int]:
+    """The fork server and multiprocessing's resource tracker: they serve every launch and stay."""
+    import psutil
+
+    from workbench.engine.processes import forkserver_pid
+
+    pids = set()
+    for p in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if p.pid == forkserver_pid() or "resource_tracker" in " ".join(p.cmdline()):
+                pids.add(p.pid)
+    return pids
+
+
+# --- round 4: the parallel planner (issue 42) -----------------------------------------------------
+# Every case below is refused before the first replay (`_no_replay` fails the test if one starts),
+# in milliseconds; the own-module and scale cases replay a one-Linear module or a 1-layer GPT
+# of width 16 (about 3 s in all on a quiet 2-core machine).
+
+PLAN_GPT = RunConfig(**GPT)
+
+
+@pytest.fixture
+def _no_replay(monkeypatch):
+    from workbench.planner import parallel
+
+    def replay(*args, **kwargs):
+        raise AssertionError("a replay started before the arguments were checked")
+
+    monkeypatch.setattr(parallel, "replay", replay)
+
+
+def _cluster(**changes):
+    return wb.Cluster(**{"gpus": 2, "memory_gib": 80, "link_gbps": 100, **changes})
+
+
+@pytest.mark.parametrize("make, message", [
+    # was accepted; the plan's table then raised OverflowError: cannot convert float infinity to integer
+    (lambda: _cluster(memory_gib=math.inf), "memory_gib=inf must be a finite number of GiB above 0 and at most "
+                                            "1,048,576; pass e.g. Cluster(gpus=8, memory_gib=80, link_gbps=100)"),
+    # was OverflowError at cluster.memory_bytes (1e308 GiB times 2**30 is inf)
+    (lambda: _cluster(memory_gib=1e308), "memory_gib=1e+308 must be a finite number of GiB above 0 and at most "
+                                         "1,048,576; pass e.g. Cluster(gpus=8, memory_gib=80, link_gbps=100)"),
+    # was accepted: every plan's communication took 0 ms
+    (lambda: _cluster(link_gbps=math.inf), "link_gbps=inf must be a finite number of Gb/s from 0.001 to 1,000,000; "
+                                           "pass e.g. Cluster(gpus=8, memory_gib=80, link_gbps=100)"),
+    # was accepted: the time came out as inf ms
+    (lambda: _cluster(link_gbps=1e-320), "link_gbps=1e-320 must be a finite number of Gb/s from 0.001 to 1,000,000; "
+                                         "pass e.g. Cluster(gpus=8, memory_gib=80, link_gbps=100)"),
+    # was "strategy 'd' is not known" (the name read letter by letter)
+    (lambda: wb.plan_parallel(PLAN_GPT, _cluster(), strategies="dp"),
+     "strategies='dp' is a bare name, not a list of names; pass e.g. strategies=('dp', 'fsdp')"),
+    # was TypeError: 'NoneType' object is not iterable
+    (lambda: wb.plan_parallel(PLAN_GPT, _cluster(), strategies=None),
+     "strategies=None is NoneType, not a list of names; pass e.g. strategies=('dp', 'fsdp')"),
+    # was an empty table: the check read the generator, the plan found it empty
+    (lambda: wb.plan_parallel(PLAN_GPT, _cluster(), strategies=(s for s in ["dp"])),
+     "strategies=a generator is generator, not a list of names; pass e.g. strategies=('dp', 'fsdp')"),
+    # was an empty table
+    (lambda: wb.plan_parallel(PLAN_GPT, _cluster(), strategies=()),
+     "strategies is empty: nothing to do; pass e.g. strategies=('dp', 'fsdp')"),
+    # was two 'dp' rows, replayed twice
+    (lambda: wb.plan_parallel(PLAN_GPT, _cluster(), strategies=("dp", "dp")),
+     "strategies=('dp', 'dp') names one twice; pass each once, e.g. strategies=('dp', 'fsdp')"),
+    # was AttributeError: 'dict' object has no attribute 'resolved'
+    (lambda: wb.plan_parallel({"model": "gpt"}, _cluster()),
+     "config must be a RunConfig, got dict; pass e.g. RunConfig(model='gpt')"),
+    # was AttributeError: 'NoneType' object has no attribute 'resolved'
+    (lambda: wb.plan_parallel(None, _cluster()), "config must be a RunConfig, got NoneType; pass e.g. RunConfig(model='gpt')"),
+    # was DataDependentOutputException (aten._local_scalar_dense) from bitsandbytes' step, after replays had run
+    (lambda: wb.plan_parallel(dataclasses.replace(PLAN_GPT, optimizer="adamw8bit"), _cluster()),
+     "optimizer='adamw8bit' cannot be replayed on fake tensors (bitsandbytes' kernels read the values); plan with "
+     "optimizer='adamw', and wb.estimate() gives the 8-bit state's bytes"),
+])
+def test_the_parallel_planner_refuses_what_makes_no_plan_before_any_replay(_no_replay, make, message):
+    with pytest.raises(ValueError) as info:
+        make()
+    assert str(info.value) == message
+
+
+_SCALE = torch.ones(10)  # a constant the learner's backward multiplies by: a real tensor in a fake replay
+
+
+class _ScaledGradient(torch.autograd.Function):
+    """A learner's own autograd function (a gradient scaler, a straight-through estimator)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * _SCALE
+
+
+class _OwnBackward(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(64, 10)
+
+    def forward(self, x):
+        return _ScaledGradient.apply(self.linear(x.flatten(1)))
+
+
+def test_a_learners_module_is_planned_data_parallel_and_left_out_of_fsdp_with_the_reason():
+    module = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+    plans = wb.plan_parallel(RunConfig(model=module, data="digits", batch_size=8), _cluster())  # was TypeError:
+    # Sequential is not a workbench model (mlp, cnn, gpt, minilm), from FSDP's wrapping, after dp had replayed
+    assert [p.strategy for p in plans] == ["dp"] and plans[0].ranks[0].parameter_bytes == 4 * (64 * 10 + 10)
+    assert plans.skipped["fsdp"] == ("FSDP is applied to the built-in models block by block (switches.sharding); "
+                                     "model=Sequential(...) is your own: wrap it with fully_shard yourself")
+
+
+def test_a_learners_backward_that_holds_a_real_tensor_is_one_line_not_a_fake_tensor_assertion():
+    with pytest.raises(ValueError) as info:  # was AssertionError: Please convert all Tensors to FakeTensors first ...
+        wb.plan_parallel(RunConfig(model=_OwnBackward(), data="digits", batch_size=8), _cluster(), strategies=("dp",))
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("estimate() cannot trace model=_OwnBackward(...) on fake tensors")
+    assert message.endswith("run() still trains it and counts its first step exactly")
+
+
+def test_a_plan_over_4096_gpus_says_where_it_stands_while_it_replays(monkeypatch, capsys):
+    from workbench.planner import heartbeat, parallel
+
+    replays = []
+
+    def slow_replay(config, strategy, processes, rank, tp):  # a replay that takes a while
+        replays.append((strategy, rank))
+        time.sleep(0.05)
+        return parallel.RankFigures(1, 1, 1, 1, {}, {})
+
+    monkeypatch.setattr(parallel, "replay", slow_replay)
+    monkeypatch.setattr(heartbeat.Heartbeat, "quiet_s", 0.02)
+    monkeypatch.setattr(heartbeat.Heartbeat, "every_s", 0.02)
+    plans = wb.plan_parallel(PLAN_GPT, _cluster(gpus=4096), strategies=("dp", "fsdp"))
+    lines = capsys.readouterr().out.splitlines()  # was silent: the real plan gave no sign in two minutes
+    assert [len(p.ranks) for p in plans] == [4096, 4096] and replays[0] == ("dp", 0) and len(replays) <= 40
+    replaying = rf"plan_parallel: replaying (dp|fsdp) x 4096 \(rank \d+\): \d+ of {len(replays)} done, \d+ s so far"
+    assert lines and all(re.fullmatch(rf"{replaying}(; about \d+ s left)?|plan_parallel: reading the model's shapes "
+                                      r"for 4096 ranks: \d+ s so far", line) for line in lines), lines
+    assert any(re.fullmatch(replaying + r"; about \d+ s left", line) for line in lines), lines
+
+
+def _replay_ops(monkeypatch, processes: int) -> int:
+    """The ops FSDP's wrapping of the 1-layer GPT dispatches in a replay over `processes` ranks
+    (where the chunks are cut; the steps themselves are left out: they cost the same at any N)."""
+    import sys
+
+    from workbench.planner import parallel
+
+    counted, replaying = [], sys.modules[parallel.replay.__module__]
+
+    class Counting(replaying.LiveTensors):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            counted.append(func)
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+    monkeypatch.setattr(replaying, "LiveTensors", Counting)
+    monkeypatch.setattr(replaying, "parallel_step", lambda *args: (0, 0))
+    replaying.replay(PLAN_GPT, "fsdp", processes, rank=0)
+    return len(counted)
+
+
+def test_an_fsdp_replay_over_many_ranks_makes_no_op_per_rank(monkeypatch):
+    # FSDP2 cuts each parameter into one chunk per rank; replayed op by op that cost hours at 4,096
+    # ranks (a replay over 512 spent 444 of its 521 s there). Now the wrapping's work is the same at
+    # 16 and at 128 ranks: 375 ops (it was 1,079 and 4,935).
+    assert _replay_ops(monkeypatch, 128) == _replay_ops(monkeypatch, 16)
+
+
+# --- round 4: the WORKBENCH_* environment variables (issue 42) -------------------------------------
+# Each is read through core/environment.py; the readers below cost milliseconds (no run starts).
+
+def _preset_in_force():
+    return RunConfig(model="mlp").resolved()
+
+
+@pytest.mark.parametrize("var, value, read, message", [
+    # were OverflowError: cannot convert float infinity to integer
+    ("WORKBENCH_GPU_MEMORY_GIB", "inf", lambda: wb.get_preset("gpu"), "WORKBENCH_GPU_MEMORY_GIB='inf' must be the card's "
+     "memory in GiB (digits 0-9, up to 65,536), e.g. 15 for a 16 GB T4; unset it to read nvidia-smi"),
+    ("WORKBENCH_GPU_MEMORY_GIB", "1e400", lambda: wb.get_preset("gpu"), "WORKBENCH_GPU_MEMORY_GIB='1e400' must be the "
+     "card's memory in GiB (digits 0-9, up to 65,536), e.g. 15 for a 16 GB T4; unset it to read nvidia-smi"),
+    ("WORKBENCH_GPU_MEMORY_GIB", "9" * 400, lambda: wb.get_preset("gpu"), "WORKBENCH_GPU_MEMORY_GIB='9999999999999999999"
+     "999999999999999999999'... (400 characters) must be the card's memory in GiB (digits 0-9, up to 65,536), e.g. 15 "
+     "for a 16 GB T4; unset it to read nvidia-smi"),
+    # was read as a 15 GiB card (float() takes '1_5')
+    ("WORKBENCH_GPU_MEMORY_GIB", "1_5", lambda: wb.get_preset("gpu"), "WORKBENCH_GPU_MEMORY_GIB='1_5' must be the card's "
+     "memory in GiB (digits 0-9, up to 65,536), e.g. 15 for a 16 GB T4; unset it to read nvidia-smi"),
+    # was "invalid literal for int() with base 10: '²'" ('²'.isdigit() is True)
+    ("WORKBENCH_MAX_STEPS", "²", _preset_in_force,
+     "WORKBENCH_MAX_STEPS='²' must be a whole number of at least 1 in digits 0-9; unset it for no cap"),
+    # was int()'s "Exceeds the limit (4300 digits) for integer string conversion ..."
+    ("WORKBENCH_MAX_STEPS", "9" * 5000, _preset_in_force, "WORKBENCH_MAX_STEPS='9999999999999999999999999999999999999999'"
+     "... (5,000 characters) must be a whole number of at least 1 in digits 0-9; unset it for no cap"),
+    ("WORKBENCH_MAX_EVAL_SAMPLES", "³", _preset_in_force,
+     "WORKBENCH_MAX_EVAL_SAMPLES='³' must be a whole number of at least 1 in digits 0-9; unset it for no cap"),
+    # was a 10,074-character line
+    ("WORKBENCH_PRESET", "c" * 10_000, _preset_in_force, "WORKBENCH_PRESET='cccccccccccccccccccccccccccccccccccccccc'... "
+     "(10,000 characters) is not a preset; set it to one of: cpu-quick, cpu, gpu"),
+    # was silently neither on nor off (the dashboard or the text log, by where it ran)
+    ("WORKBENCH_HEADLESS", "maybe", lambda: wb.run(RunConfig(**TINY)), "WORKBENCH_HEADLESS='maybe' must be one of 1, true, "
+     "yes, on or 0, false, no, off; unset it for the default"),
+])
+def test_a_workbench_variable_that_cannot_work_is_one_line_naming_it(monkeypatch, var, value, read, message):
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ValueError) as info:
+        read()
+    assert str(info.value) == message
+
+
+def test_every_workbench_variable_the_package_reads_is_audited():
+    """A variable added to the package is read through core/environment.py or named there."""
+    import pathlib
+
+    from workbench.core import environment
+
+    package = pathlib.Path(wb.__file__).parent
+    read = {name for path in package.rglob("*.py") for name in re.findall(r"WORKBENCH_[A-Z_]+", path.read_text())}
+    assert read <= set(re.findall(r"WORKBENCH_[A-Z_]+", environment.__doc__)), read
+
+
+# --- round 4: the CLI (issue 42) ---------------------------------------------------------------------
+# Each case is refused before the run starts: milliseconds each (the parser, a stat).
+
+def _cli_stderr(capsys, *flags) -> tuple[int, list[str]]:
+    from workbench.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model", "mlp", "--data", "digits", "--steps", "4", "--log-every", "2", "--eval-samples", "0", *flags])
+    return exit_info.value.code, capsys.readouterr().err.splitlines()
+
+
+@pytest.mark.parametrize("flags, line", [
+    # were 33 lines of usage before this line
+    (["--steps", "x"], "argument --steps: invalid int value: 'x' (python -m workbench --help lists the flags)"),
+    (["--bogus"], "unrecognized arguments: --bogus (python -m workbench --help lists the flags)"),
+    # was ignored: the run trained, wrote no figures, and exited 0
+    (["--json", ""], "--json '' names no file; pass a file path such as result.json"),
+    # was found after training (the figures lost, exit 1)
+    (["--json", "r" * 300], "--json 'rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrr'... (300 characters) cannot be a file here "
+                            "(File name too long); pass a file path such as result.json"),
+    # was accepted: every log line carried the 10,000 characters
+    (["--name", "n" * 10_000], "--name='nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn'... (10,000 characters) is longer than 80 "
+                               "characters; pass a shorter one, e.g. --name baseline"),
+])
+def test_a_cli_error_is_its_one_line_and_nothing_else(capsys, flags, line):
+    assert _cli_stderr(capsys, *flags) == (2, [f"python -m workbench: error: {line}"])
+
+
+def test_the_cli_refuses_a_json_path_that_is_a_fifo_before_training(capsys, tmp_path):
+    fifo = tmp_path / "figures"
+    os.mkfifo(fifo)  # was replaced by a regular file after training (a reader on it waited forever)
+    assert _cli_stderr(capsys, "--json", str(fifo)) == (2, [
+        f"python -m workbench: error: --json '{fifo}' is not a regular file (a terminal, pipe or device, like "
+        "/dev/stdout); pass a file path such as result.json"])
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+@pytest.mark.parametrize("json_path", ["/dev/stdout", "{log}"])
+def test_the_cli_never_writes_its_figures_over_its_own_text_log(capsys, tmp_path, json_path):
+    log = tmp_path / "log.txt"
+    log.write_text("the text log so far\n")
+    saved = os.dup(1)
+    with open(log, "a") as stdout:  # `python -m workbench ... --json /dev/stdout > log.txt`
+        os.dup2(stdout.fileno(), 1)
+        try:
+            code, lines = _cli_stderr(capsys, "--json", json_path.format(log=log))
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+    # was: the run trained, then the figures replaced log.txt whole (the text log gone)
+    assert (code, lines) == (2, [f"python -m workbench: error: --json '{json_path.format(log=log)}' is the file stdout "
+                                 "(the text log) goes to; pass another path such as result.json"])
+    assert log.read_text() == "the text log so far\n"
+
+
+# --- round 4: run names and the views that show them (issue 42) ---------------------------------------
+# A 4-step monitored loop of one Linear (milliseconds), then tables and figures (a second or so each).
+
+@pytest.fixture(scope="module")
+def tiny_result():
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with wb.monitor(model, optimizer, steps=4, name="baseline", sinks=[]) as mon:
+        for _ in range(4):
+            with mon.step(samples=8):
+                loss = model(torch.ones(8, 4)).square().mean()
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                mon.loss(loss)
+    return mon.result
+
+
+@pytest.mark.parametrize("name, message", [
+    # was accepted; wb.compare of it then ran out of memory drawing the figure
+    ("x" * 10_000, "name='xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'... (10,000 characters) is longer than 80 characters; "
+                   "pass a shorter one, e.g. name='baseline'"),
+    # was accepted; every text-log line of the run broke in two
+    ("two\nlines", "name='two\\nlines' holds the control character '\\n'; pass one line of text, e.g. name='baseline'"),
+    # was accepted as a blank name in tables and legends
+    ("   ", "name='   ' is blank; pass e.g. name='baseline'"),
+])
+def test_run_and_monitor_refuse_a_name_no_table_or_log_can_show(name, message):
+    assert _run_error(RunConfig(**TINY), ConfigError, name=name) == message
+    with pytest.raises(ValueError) as info:
+        wb.monitor(nn.Linear(2, 2), steps=2, sinks=[], name=name)
+    assert str(info.value) == message.replace("name='baseline'", "name='fp16 by hand'")
+
+
+def test_compare_shows_any_name_a_result_holds_in_its_table_and_figure(tiny_result):
+    # Results renamed after their runs (or read from elsewhere) never passed run()'s check; one
+    # comparison of all three draws one figure (a figure costs a second or more here).
+    names = ["x" * 10_000, "a$^$b", "$\\frac{$"]
+    others = [dataclasses.replace(tiny_result, name=name) for name in names]
+    with address_space_limit():  # was std::bad_alloc (10,000 characters), mathtext's ParseSyntaxException ($)
+        comparison = wb.compare([tiny_result, *others])
+        html, text = comparison._repr_html_(), str(comparison)
+    ticks = [label.get_text() for label in comparison.figure.axes[1].get_xticklabels()]
+    assert "<img src='data:image/png;base64," in html and all(name[:40] in text for name in names)
+    assert ticks == ["baseline", "x" * 39 + "\u2026", "a\\$^\\$b", "\\$\\frac{\\$"]
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda r: wb.compare("ab"), "results must be a list, got str; pass e.g. compare([baseline, other])"),  # AttributeError
+    (lambda r: wb.compare(r), "results must be a list, got RunResult; pass e.g. compare([baseline, other])"),  # TypeError
+    (lambda r: wb.compare({"a": r}), "results must be a list, got dict; pass e.g. compare([baseline, other])"),  # AttributeError
+    (lambda r: wb.compare([r, 2]), "results[1] is a int, not a RunResult with a name; pass compare([baseline, other])"),
+    # was AttributeError: 'RunResult' object has no attribute 'bogus'
+    (lambda r: wb.compare([r]).ratio("bogus", "baseline"), "metric 'bogus' is not a figure of a run; use one of "
+     "step_time_s, samples_per_sec, tokens_per_sec, activation_bytes, peak_increase_bytes, final_loss, accuracy"),
+    # was KeyError's quoted repr: "\"no run named 'zz'; ...\""
+    (lambda r: wb.compare([r]).ratio("step_time_s", "zz"), "no run named 'zz'; runs: ['baseline']"),
+])
+def test_compare_refuses_what_is_not_a_list_of_runs_in_one_line(tiny_result, make, message):
+    with pytest.raises((ValueError, KeyError)) as info:
+        make(tiny_result)
+    assert str(info.value) == message
+
+
+def test_compare_reads_a_generator_of_runs_once(tiny_result):
+    # was IndexError: the names were read off the generator, leaving the table none
+    comparison = wb.compare(r for r in [tiny_result])
+    assert [r.name for r in comparison.results] == ["baseline"]
+
+
+# --- round 4: every public function's arguments, checked like RunConfig's (issue 42) -----------------
+# wb.* outside the room, the ledger and wb.check, and launching. Each call is refused before it
+# loads, builds or trains anything: milliseconds each (a 1-layer GPT is built for the checkpointing case).
+
+_LINEAR = nn.Linear(2, 2)
+from workbench.core.models import GPT as GPTModel  # noqa: E402
+
+
+def _target() -> Target:
+    return Target.this_machine(memory_budget_bytes=2**30)
+
+
+@pytest.mark.parametrize("call, message", [
+    # each was AttributeError: '<type>' object has no attribute 'resolved'
+    (lambda: wb.estimate({"model": "mlp"}), "config must be a RunConfig, got dict; pass e.g. RunConfig(model='mlp')"),
+    (lambda: wb.plan(None, target=_target()), "config must be a RunConfig, got NoneType; pass e.g. RunConfig(model='mlp')"),
+    (lambda: wb.training_parts("mlp"), "config must be a RunConfig, got str; pass e.g. RunConfig(model='mlp')"),
+    # was TypeError: '<' not supported between instances of 'str' and 'int'
+    (lambda: wb.estimate(PLAN_GPT, vocab_size="50257"),
+     "vocab_size='50257' must be a whole number from 2 to 2,147,483,647; pass e.g. vocab_size=50257"),
+    # was torch's TypeError: empty(): argument 'size' ... must be tuple of ints, but found element of type float
+    (lambda: wb.estimate(PLAN_GPT, vocab_size=5e4),
+     "vocab_size=50000.0 must be a whole number from 2 to 2,147,483,647; pass e.g. vocab_size=50257"),
+    # was AttributeError: 'NoneType' object has no attribute 'peak_flops'
+    (lambda: wb.plan(RunConfig(**TINY), target=None),
+     "target must be a Target, got NoneType; pass e.g. target=wb.Target.this_machine(memory_budget_bytes=2**30)"),
+    # was "precisions ['f', 'p', '3', '2'] cannot run on this CPU ..." (the name read letter by letter)
+    (lambda: wb.plan(RunConfig(**TINY), target=_target(), precisions="fp32"),
+     "precisions must be a list, got str; pass e.g. precisions=['fp32']"),
+    # was an empty ranking ('0 of 0 fit'): every letter of 'full' refused and skipped
+    (lambda: wb.plan(RunConfig(**TINY), target=_target(), sharding="full"),
+     "sharding must be a list, got str; pass e.g. sharding=['none', 'full']"),
+    # was ValueError: dictionary update sequence element #0 has length 1; 2 is required
+    (lambda: wb.plan(RunConfig(**TINY), target=_target(), trainable=["all"]),
+     "trainable ['all'] must be dicts of RunConfig fields; pass e.g. trainable=[{}, {'freeze': 'embeddings'}, "
+     "{'lora_rank': 8}]"),
+    # was AttributeError: 'int' object has no attribute 'split'
+    (lambda: wb.Target.gpu(5, memory_bytes=2**30), "GPU 5 is not in hardware.GPU_SPECS; use one of ['A10', "),
+    # was a target with peak_flops {'f': 0.0, 'p': 0.0, '3': 0.0, '2': 0.0}
+    (lambda: wb.Target.this_machine(memory_budget_bytes=2**30, precisions="fp32"),
+     "precisions must be a list, got str; pass e.g. precisions=('fp32', 'bf16')"),
+    # was accepted: a target of -1 bytes
+    (lambda: wb.Target("mine", memory_bytes=-1, peak_flops={}),
+     "memory_bytes=-1 must be a whole number >= 1; pass e.g. memory_bytes=40 * 2**30"),
+    # was torch's RuntimeError: Expected one of cpu, cuda, ipu, xpu, ... device type at start of device string: gpu
+    (lambda: wb.training_parts(RunConfig(**TINY), device="gpu"), "device='gpu' is not known; use one of: 'auto', 'cpu', 'cuda'"),
+    # was a bare AssertionError (no message)
+    (lambda: wb.hardware_report("gpu"), "device='gpu' is not known; use one of: 'auto', 'cpu', 'cuda'"),
+    # was AttributeError: 'int' object has no attribute 'startswith'
+    (lambda: wb.load_data(5), "data=5 is not a known data set; use one of: mnist, digits, rotten_tomatoes, "
+                              "rotten_tomatoes_lm, mnist_files, or 'hub:<name>'"),
+    # was TypeError: '<' not supported between instances of 'str' and 'int'
+    (lambda: wb.load_data("digits", max_train="5"),
+     "max_train='5' must be a whole number >= 1; pass e.g. max_train=1000 (a number of examples), or None for all"),
+    # was accepted
+    (lambda: wb.load_data("digits", seed=math.nan),
+     "seed=nan must be a whole number from 0 to 18,446,744,073,709,551,615; pass e.g. seed=0"),
+    # was AttributeError: 'str' object has no attribute 'task'
+    (lambda: wb.build_model("mlp", data="digits", dims={}), "data must be a data bundle and dims a dict, got str and "
+     "dict; pass e.g. build_model('mlp', data=wb.load_data('mnist'), dims={})"),
+    # was TypeError: 'int' object is not iterable
+    (lambda: wb.set_activation_checkpointing(GPTModel(256, 16, n_layer=1, n_head=2, d_model=16), 5),
+     "blocks must be a list, got int; pass e.g. blocks=[0, 2] (block indices) or 'all'"),
+    # were accepted: the text, a dict's keys, a string, a truthy 'no'
+    (lambda: wb.monitor(_LINEAR, steps=2, sinks="text"), "sinks must be a list of sinks, got str; pass e.g. sinks=[TextSink()]"),
+    (lambda: wb.run(RunConfig(**TINY), sinks={}), "sinks must be a list of sinks, got dict; pass e.g. sinks=[TextSink()]"),
+    (lambda: wb.monitor(_LINEAR, "adamw", steps=2, sinks=[]), "optimizer must be a torch optimizer or None, got str; pass "
+     "the optimizer your loop steps, e.g. torch.optim.AdamW(model.parameters())"),
+    (lambda: wb.run(RunConfig(**TINY), sinks=[], keep_model="no"),
+     "keep_model='no' must be True or False; pass e.g. keep_model=True"),
+    # was AttributeError: 'str' object has no attribute 'process_index'
+    (lambda: wb.monitor(_LINEAR, steps=2, sinks=[], accelerator="cpu"), "accelerator must be an accelerate Accelerator "
+     "or None, got str; pass the Accelerator your loop prepared with"),
+    # was TypeError: bad operand type for abs(): 'str'
+    (lambda: wb.format_bytes("12"), "n must be a number of bytes or None, got str '12'; pass e.g. 1536"),
+    # was accepted; the first line it printed raised AttributeError: 'str' object has no attribute 'write'
+    (lambda: wb.TextSink("log.txt"),
+     "stream must be an open text stream or None, got str; pass e.g. stream=sys.stdout, or open('log.txt', 'w')"),
+    # was accepted: the view never throttled
+    (lambda: wb.TextSink(min_interval_s=math.nan),
+     "min_interval_s=nan must be a number of seconds from 0 to 86,400 (a day); pass e.g. min_interval_s=1.0"),
+    # was accepted; the first record raised TypeError: 'int' object is not callable (caught, shown in the view)
+    (lambda: wb.Dashboard(clock=5), "clock must be a function, got int; pass e.g. clock=time.monotonic"),
+    # was TypeError: unhashable type: 'list'
+    (lambda: wb.get_preset(["cpu"]), "preset=['cpu'] is not a preset; use one of: cpu-quick, cpu, gpu"),
+])
+def test_every_public_function_refuses_a_wrong_argument_in_one_line(call, message):
+    with pytest.raises(ValueError) as info:
+        call()
+    assert "\n" not in str(info.value) and str(info.value).startswith(message)
+
+
+def test_a_number_too_large_for_a_float_is_shown_not_raised():
+    assert wb.format_bytes(10**400) == "inf"  # was OverflowError: integer division result too large for a float

@@ -1,11 +1,13 @@
 """launch(): the same RunConfig on N processes from a notebook, records back to the parent."""
 
+import os
 import time
 
 import accelerate.utils
 import pytest
 
 from workbench import RunConfig, run
+from workbench.engine import launch as launch_module
 from workbench.engine import train
 from workbench.engine.launch import (
     LaunchError,
@@ -38,13 +40,19 @@ def test_two_processes_of_batch_b_train_like_one_process_of_batch_2b():
     assert {p["threads"] for p in processes} == {1}  # OMP_NUM_THREADS=1 shared by two children
 
 
+class _EachAWorldOfOne(accelerate.utils.PrepareForLaunch):
+    """What a plain Accelerator() on CPU gets under notebook_launcher: every process rank 0 of a
+    world of one (with WORLD_SIZE=1 below)."""
+
+    def __call__(self, index, *args):
+        os.environ.update(LOCAL_RANK="0", RANK="0", FORK_LAUNCHED="1")
+        self.launcher(*args)
+
+
 def test_processes_that_do_not_form_one_world_fail_loudly(monkeypatch):
-    real = accelerate.utils.patch_environment
-
-    def world_of_one(**env):  # what a plain Accelerator() under notebook_launcher on CPU gets
-        return real(**{**env, "world_size": 1})
-
-    monkeypatch.setattr(accelerate.utils, "patch_environment", world_of_one)
+    real = launch_module._child_env
+    monkeypatch.setattr(launch_module, "_child_env", lambda *args, **kwargs: {**real(*args, **kwargs), "WORLD_SIZE": "1"})
+    monkeypatch.setattr(accelerate.utils, "PrepareForLaunch", _EachAWorldOfOne)
     sink = RecordingSink()
     result = launch(RunConfig(**TINY, batch_size=16), num_processes=2, sinks=[sink], timeout_s=60)
     assert result.status == "failed" and "formed a world of 1" in result.message
@@ -70,11 +78,11 @@ def test_a_child_that_raises_returns_a_failed_result_with_its_traceback(monkeypa
             raise ValueError("rank 1 read a corrupt batch")
         return real_loss(logits, labels)
 
-    monkeypatch.setattr(train, "loss_fn", loss_fn)  # the forked children inherit it
+    monkeypatch.setattr(train, "loss_fn", loss_fn)  # forked children inherit it
     sink = RecordingSink()
     began = time.monotonic()
     result = launch(RunConfig(**{**TINY, "log_every": 1}, batch_size=16), num_processes=2, sinks=[sink],
-                    timeout_s=60, name="flaky")
+                    timeout_s=60, name="flaky", start_method="fork")
     assert time.monotonic() - began < 30  # returned on the failure, long before the timeout
     assert result.status == "failed" and result.message == "ValueError: rank 1 read a corrupt batch"
     assert "Traceback" in result.extra["traceback"] and "loss_fn" in result.extra["traceback"]
@@ -185,15 +193,31 @@ def test_a_notebook_function_that_cannot_be_sent_to_a_spawned_child_says_so_befo
         launch_function(stuck, num_processes=2, device="cpu", timeout_s=60, start_method="spawn")
 
 
-def test_auto_follows_the_start_method_this_process_uses(monkeypatch):
+def test_auto_forks_from_the_fork_server_where_this_process_forks_and_spawns_where_it_spawns(monkeypatch):
     import multiprocessing
 
-    from workbench.engine.launch import _start_method
+    from workbench.engine.processes import start_method
 
     monkeypatch.setattr(multiprocessing, "get_start_method", lambda allow_none=False: "spawn")  # macOS, Windows
-    assert _start_method("auto") == "spawn"
-    monkeypatch.setattr(multiprocessing, "get_start_method", lambda allow_none=False: "fork")  # Linux (Python < 3.14)
-    assert _start_method("auto") == "fork"
+    assert start_method("auto") == "spawn"
+    for default in ("fork", "forkserver"):  # Linux: Python < 3.14, >= 3.14
+        monkeypatch.setattr(multiprocessing, "get_start_method", lambda allow_none=False, d=default: d)
+        assert start_method("auto") == "forkserver"
+    assert start_method("fork") == "fork"
+
+
+def test_the_fork_server_the_children_come_from_holds_no_thread():
+    from workbench.engine.processes import forkserver_threads
+
+    # A thread of the notebook's (a rendezvous store's, ipykernel's) can hold a lock at the
+    # instant of a fork; the fork server, which forks the children, has none to hold.
+    assert launch_function(_world, num_processes=2, device="cpu", timeout_s=120)[0][:2] == (0, 2)
+    assert forkserver_threads() == 1
+
+
+def test_forked_children_still_work_and_connect_only_once_all_are_forked():
+    values = launch_function(_world, num_processes=2, device="cpu", timeout_s=120, start_method="fork")
+    assert [v[:2] for v in values] == [(0, 2), (1, 2)]
 
 
 def test_an_epoch_on_two_processes_is_one_pass_over_the_data_by_both():

@@ -1,11 +1,12 @@
 """notebook_launch: accelerate's notebook_launcher with return values and a bounded hang."""
 
-import os
+import threading
 import time
 
+import psutil
 import pytest
 
-from workbench.lessons.multi_gpu import LaunchHung, notebook_launch
+from workbench.lessons.multi_gpu import LaunchHung, bounded_launch, notebook_launch
 
 
 def _world():
@@ -23,34 +24,52 @@ def test_each_process_returns_its_rank_in_one_world_even_after_a_run_here():
     assert sorted(notebook_launch(_world, num_processes=2, timeout_s=120)) == [(0, 2), (1, 2)]
 
 
-def test_a_hung_launch_is_stopped_and_tried_again(tmp_path):
-    flag = tmp_path / "hung once"
-
-    def hangs_the_first_time():
-        if not flag.exists():
-            flag.write_text(str(os.getpid()))
-            time.sleep(600)  # as a child stuck on a lock copied by fork would
-        return "ok"
-
+def test_a_hung_launch_is_stopped_at_its_timeout_and_says_so_without_trying_again():
+    calls = []
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
     began = time.monotonic()
-    assert notebook_launch(hangs_the_first_time, num_processes=2, timeout_s=8, retries=1) == ["ok", "ok"]
-    assert time.monotonic() - began < 60
+    with pytest.raises(LaunchHung, match=r"^notebook_launcher did not finish within 3 s: its processes were stopped"):
+        notebook_launch(time.sleep, 600, num_processes=2, timeout_s=3)
+    calls.append(1)
+    assert time.monotonic() - began < 60 and calls == [1]
+    time.sleep(0.5)
+    assert {p.pid for p in psutil.Process().children(recursive=True)} - before == set()  # none left
 
 
-def test_a_launch_that_always_hangs_says_so():
-    with pytest.raises(LaunchHung, match="hung 1 times for 3 s"):
-        notebook_launch(time.sleep, 600, num_processes=2, timeout_s=3, retries=0)
+def test_each_child_starts_its_function_only_once_every_sibling_exists():
+    # The launcher's store looks up the name of each process that connects; a child forked
+    # during such a lookup could inherit the resolver's lock held. So no child connects (its
+    # function runs) until all are forked: here, threads standing in for the forked children.
+    launch = bounded_launch(timeout_s=30, num_processes=2)
+    started = []
+    first = threading.Thread(target=launch.reporting(lambda: started.append(time.monotonic())))
+    first.start()
+    time.sleep(0.5)
+    assert started == []  # alone: it waits for its sibling
+    second_at = time.monotonic()
+    launch.reporting(lambda: started.append(time.monotonic()))()
+    first.join(timeout=10)
+    assert len(started) == 2 and min(started) >= second_at
+    assert launch.collect() == [None, None]
 
 
-def test_the_notebooks_own_launch_loop_collects_each_childs_return_value():
+@pytest.mark.parametrize("kwargs, message", [
+    ({"timeout_s": 0}, "timeout_s=0 must be a positive number of seconds"),
+    ({"timeout_s": float("nan")}, "timeout_s=nan must be a positive number of seconds"),
+    ({"num_processes": 0}, "num_processes=0 must be a whole number >= 1"),
+    ({"num_processes": True}, "num_processes=True must be a whole number >= 1"),
+])
+def test_a_bounded_launch_refuses_bounds_that_bound_nothing(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        bounded_launch(**kwargs)
+
+
+def test_the_notebooks_own_launch_cell_collects_each_childs_return_value():
     from accelerate import notebook_launcher
 
-    from workbench.lessons.multi_gpu import launch_attempts
-
-    for attempt in launch_attempts(timeout_s=120):
-        with attempt:
-            notebook_launcher(attempt.reporting(_world), num_processes=2, use_port=attempt.port)
-    assert sorted(attempt.collect(2)) == [(0, 2), (1, 2)]
+    with bounded_launch(timeout_s=120) as launch:
+        notebook_launcher(launch.reporting(_world), num_processes=2, use_port=launch.port)
+    assert sorted(launch.collect()) == [(0, 2), (1, 2)]
 
 
 def test_same_curve_says_within_or_more_than_the_tolerance_and_refuses_other_steps():

@@ -9,6 +9,7 @@ import os
 import pytest
 
 from workbench.lessons import exercises, ledger, tour
+from workbench.lessons import ledger_file as the_file
 from workbench.lessons.ledger import calibration, read_rows, room_calibration
 
 
@@ -55,7 +56,7 @@ def test_an_unwritable_ledger_warns_in_one_line_and_the_check_still_works(tmp_pa
     blocker = tmp_path / "a_file"
     blocker.write_text("")
     monkeypatch.setenv("WORKBENCH_LEDGER", str(blocker / "ledger.jsonl"))  # a folder that is a file
-    monkeypatch.setattr(ledger, "_warned", set())
+    monkeypatch.setattr(the_file, "_warned", set())
     exercises.check(41.9, 42, rel_tol=0.01)
     exercises.check(7, 7)  # the same file again: no second warning
     out, err = capsys.readouterr()

@@ -64,5 +64,8 @@ def test_time_epochs_counts_every_sample_of_every_epoch(small) -> None:
 
 def test_parallel_speedup_is_measured_between_no_spare_core_and_two_free_ones() -> None:
     # Two busy processes side by side: ~2x as fast as in turn on two free cores, ~1x on a busy
-    # machine; never (beyond noise) more than the processes started.
-    assert 0.5 < bench.parallel_speedup(2, iterations=500_000) < 2.5
+    # machine; never (beyond noise) more than the processes started. The bound is the spread
+    # measured: 20 repeats each on the 2-core machine at load ~23 (other jobs), 3 interleaved
+    # rounds: 1.09-2.66 (median 1.60), 1.21-2.21 with a hog; one round, as before: 0.81-3.55
+    # (it read 2.90 against the old bound of 2.5). Runs in the serial pass (tests/conftest.py).
+    assert 0.5 < bench.parallel_speedup(2, iterations=500_000, rounds=3) < 3.0

@@ -149,7 +149,8 @@ def _fake_run(precision, step_time_s, activation_bytes, *, loss=2.0, skipped=0, 
     from types import SimpleNamespace
 
     memory = SimpleNamespace(activation_bytes=activation_bytes, model_state_bytes=1000, peak_bytes=peak)
-    config = SimpleNamespace(precision=precision, preset=preset, grad_scaler={"init_scale": 2.0**40} if scales else None)
+    config = SimpleNamespace(precision=precision, preset=preset, grad_scaler={"init_scale": 2.0**40} if scales else None,
+                             data="rotten_tomatoes_lm", seq_len=16, eval_samples=0, seed=0)
     return SimpleNamespace(config=config, device=device, step_time_s=step_time_s, memory=memory, final_loss=loss,
                            eval_loss=loss, accuracy=0.5, steps_done=3, skipped_steps=skipped, loss_scales=list(scales))
 

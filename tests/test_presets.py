@@ -48,3 +48,29 @@ def test_a_bad_cap_is_named_in_one_line(monkeypatch, value):
     monkeypatch.setenv("WORKBENCH_MAX_STEPS", value)
     with pytest.raises(ValueError, match=f"WORKBENCH_MAX_STEPS='{value}' must be a whole number"):
         get_preset("cpu")
+
+
+def test_without_a_gpu_a_learner_runs_the_preset_the_saved_outputs_come_from(monkeypatch):
+    """The projector matches the screens (issue 36.6): the committed notebooks hold cpu-quick's outputs
+    (what CI's nbval compares), so a CPU without WORKBENCH_PRESET runs cpu-quick (`make learn`, `make lab`);
+    `cpu` is the opt-in self-study run."""
+    import json
+    import pathlib
+    import re
+
+    from workbench.core import presets
+
+    monkeypatch.delenv("WORKBENCH_PRESET", raising=False)
+    monkeypatch.setattr(presets, "_cuda_available", lambda: False)
+    assert presets.default_preset_name() == "cpu-quick" and get_preset().name == "cpu-quick"
+    monkeypatch.setattr(presets, "_cuda_available", lambda: True)
+    assert presets.default_preset_name() == "gpu"
+    printed = {}
+    for path in sorted((pathlib.Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        for cell in json.loads(path.read_text())["cells"]:
+            text = "".join("".join(o.get("text", "")) for o in cell.get("outputs", []))
+            found = re.search(r"^preset:? (cpu-quick|cpu|gpu)\b", text, re.M)
+            if found:
+                printed[path.stem] = found.group(1)
+                break
+    assert len(printed) >= 3 and set(printed.values()) == {"cpu-quick"}, printed

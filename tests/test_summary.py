@@ -12,10 +12,12 @@ spec = importlib.util.spec_from_file_location("summary", ROOT / "scripts" / "sum
 summary = sys.modules["summary"] = importlib.util.module_from_spec(spec)  # dataclasses look it up there
 spec.loader.exec_module(summary)
 
+# (claim, source, measured here, verdict, evidence): wb.claims keeps a verdict its evidence carries
 ROWS = [("1.5-2.5x faster", "NVIDIA, *Train With Mixed Precision*", "fp16 0.10x  (emulated), bf16 2.97x",
-         "does not hold here: fp16 emulated | bf16 native"),
-        ("~50% less memory", "seed 003", "saved activations 0.67x, exact", "holds in part: LayerNorm stays fp32"),
-        ("no accuracy loss", "seed 000", "held-out loss 4.2202 both", "holds")]
+         "does not hold here: fp16 emulated | bf16 native", wb.evidence.speed({"fp16": 0.10, "bf16": 2.97}, 1.5, free_core=True)),
+        ("~50% less memory", "seed 003", "saved activations 0.67x, exact", "holds in part: LayerNorm stays fp32",
+         wb.evidence.count()),
+        ("the same gradients", "seed 000", "max relative difference 0.0e+00", "holds", wb.evidence.count())]
 
 
 def _notebook(folder, name, output_text=None, tagged=True):
@@ -39,7 +41,7 @@ def test_the_table_wb_claims_prints_is_read_back_cell_for_cell(tmp_path):
     for text in (str(table), repr(table), "some log line\n" + str(table) + "\n\nafter"):
         found = summary.claims_of(_notebook(tmp_path, "01_x", text))
         assert (found.notebook, found.device) == ("01_mixed_precision", "cpu")
-        assert found.rows == tuple(ROWS)  # double spaces and "|" inside a cell survive
+        assert found.rows == table.checked  # double spaces and "|" inside a cell survive
 
 
 def test_a_notebook_without_a_claims_table_gets_a_line_saying_so(tmp_path):
@@ -63,7 +65,7 @@ def test_the_page_holds_both_machines_tables_and_counts_the_verdicts(tmp_path):
     page = summary.render(tmp_path)
     assert "| here | 1 | 1 | 1 | 0 |" in page and "| GPU reference | 1 | 0 | 0 | 0 |" in page
     assert "| 1.5-2.5x faster | NVIDIA, *Train With Mixed Precision* | fp16 0.10x  (emulated), bf16 2.97x | " \
-           "does not hold here: fp16 emulated \\| bf16 native |" in page
+           "does not hold here: fp16 emulated \\| bf16 native (a free core) |" in page
     assert "(`docs/gpu-reference/run10/notebooks/01_mixed_precision.ipynb`, 01_mixed_precision on cuda)" in page
     assert "**Here** (`notebooks/02_gradient_accumulation.ipynb`): no cell tagged `claims`." in page
     assert "**GPU reference**: not run on the GPU reference yet." in page

@@ -31,6 +31,7 @@ _EXPORTS = {
     "share": "measure.room",
     "training_parts": "api",
     "claims": "lessons.exercises",
+    "evidence": "lessons.exercises",
     "last_result": "engine.ending",
     "RunInterrupted": "engine.ending",
     "RunResult": "measure.result",
@@ -95,7 +96,7 @@ if TYPE_CHECKING:
     from workbench.measure.oom import parse_oom
     from workbench.measure.records import RunEnd, RunStart, Sink, StepRecord
     from workbench.measure.result import MemoryBreakdown, RunResult
-    from workbench.lessons.exercises import agree, check, claims
+    from workbench.lessons.exercises import agree, check, claims, evidence
     from workbench.lessons.ledger import calibration, room_calibration
     from workbench.planner.parallel import Cluster, plan_parallel
     from workbench.planner.planning import Target, plan

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
-from workbench.core.config import RunConfig
+from workbench.core.arguments import checked_device
+from workbench.core.config import RunConfig, run_config
 from workbench.engine import launch as _launch
 from workbench.engine import monitor as _monitor
 from workbench.engine import train as _train
@@ -74,8 +75,8 @@ def training_parts(config: RunConfig, *, device: str | None = None) -> TrainingP
     from workbench.core.hardware import resolve_device
     from workbench.switches import data_loading, optimizer
 
-    c = config.resolved()
-    device = device or resolve_device(c.device)
+    c = run_config(config)
+    device = resolve_device(c.device) if device is None else checked_device(device)
     bundle = custom.load_bundle(c)  # what run() trains on, built the way run() builds it
     model = custom.load_model(c, bundle).to(device)
     loader = data_loading.loader(bundle.train, c, bundle.collate_fn)

@@ -22,14 +22,17 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import dataclasses
 import inspect
 import json
 import os
+import stat
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
+from workbench.core.arguments import label, shown
 from workbench.core.config import ConfigError, RunConfig, field_choices
 from workbench.core.atomic_write import write_whole
 
@@ -68,8 +71,20 @@ def _converter(annotation: str) -> Any:
     return str  # str, paths, and 'str | bool' (activation_checkpointing takes its names)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+class _Parser(argparse.ArgumentParser):
+    """argparse, whose errors are one line: the usage of every RunConfig field (33 lines) before
+    the one line that says what is wrong hid it; `--help` still shows the usage."""
+
+    def error(self, message: str) -> NoReturn:  # argparse's own: a flag unknown, a value of the wrong type
+        self.refuse(f"{message} ({self.prog} --help lists the flags)")
+
+    def refuse(self, message: str) -> NoReturn:
+        """Exit with status 2 and the one line `prog: error: message` on stderr."""
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> _Parser:
+    parser = _Parser(
         prog="python -m workbench",
         description="Train one workbench run headless. Every RunConfig field is a flag; unset flags "
                     "take the preset's value ($WORKBENCH_PRESET). Works under `accelerate launch` and torchrun.",
@@ -174,13 +189,37 @@ class _MainProcessOnly:
 
 def _json_path_problem(path: str) -> str | None:
     """Why --json could not be written after the run (checked first: nothing trained is lost)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        return f"--json {path!r} is a folder; pass a file path such as result.json"
+    if not path.strip():
+        return f"--json {path!r} names no file; pass a file path such as result.json"
+    try:
+        found = os.stat(path)  # through a link (/dev/stdout), as writing would go
+    except FileNotFoundError:
+        found = None
+    except OSError as error:  # a name too long, a folder in the path that is a file, ...
+        return f"--json {shown(path)} cannot be a file here ({error.strerror}); pass a file path such as result.json"
+    if found is not None and (problem := _existing_file_problem(path, found)):
+        return problem
+    folder = os.path.dirname(os.path.realpath(path))
     if not os.path.isdir(folder):
         return f"--json {path!r}: the folder {folder!r} does not exist; create it or pass another path"
     if not os.access(folder, os.W_OK):
         return f"--json {path!r}: the folder {folder!r} is not writable; pass another path"
+    return None
+
+
+def _existing_file_problem(path: str, found: os.stat_result) -> str | None:
+    """A --json path that exists must be a plain file, and not the one the text log goes to: the
+    figures replace the file whole, so `--json /dev/stdout > log.txt` replaced the log with them."""
+    if stat.S_ISDIR(found.st_mode):
+        return f"--json {path!r} is a folder; pass a file path such as result.json"
+    if not stat.S_ISREG(found.st_mode):
+        return (f"--json {path!r} is not a regular file (a terminal, pipe or device, like /dev/stdout); "
+                "pass a file path such as result.json")
+    for stream, fd in (("stdout", 1), ("stderr", 2)):
+        with contextlib.suppress(OSError):
+            log = os.fstat(fd)
+            if (log.st_dev, log.st_ino) == (found.st_dev, found.st_ino):
+                return f"--json {path!r} is the file {stream} (the text log) goes to; pass another path such as result.json"
     return None
 
 
@@ -190,12 +229,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = config_from_args(args)
+        if args.name is not None:
+            label("--name", args.name, example="--name baseline")
     except ConfigError as error:
-        parser.error(str(error))  # one line, exit status 2
-    if args.json and (problem := _json_path_problem(args.json)):
-        parser.error(problem)  # before training, so the figures are not lost after it
+        parser.refuse(str(error))  # one line, exit status 2
+    if args.json is not None and (problem := _json_path_problem(args.json)):
+        parser.refuse(problem)  # before training, so the figures are not lost after it
     if problem := _fail_at_step_problem(args):
-        parser.error(problem)
+        parser.refuse(problem)
     from workbench.engine.train import RunInterrupted, run
     from workbench.views.sinks import TextSink
 
@@ -207,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RunInterrupted as stopped:  # Ctrl-C: the log said so; report what was done, exit 130
         result = stopped.result
     except ConfigError as error:  # refused before step 1 (memory, checkpoints): one line, exit 2
-        parser.error(str(error))
+        parser.refuse(str(error))
     code = {"ok": 0, "interrupted": 130}.get(result.status, 1)  # 'oom', 'diverged': 1
     # RANK is set by every launcher (accelerate launch, torchrun); absent: one process.
     if int(os.environ.get("RANK", "0")) == 0:

@@ -105,7 +105,13 @@ def _hardware() -> list[Finding]:
                      f"{psutil.virtual_memory().total / 2**30:.1f} GiB")]
     gpu = hardware.gpu_info()
     if gpu is None:
-        found.append(Finding("GPU", "note", "none visible: the `cpu` preset (set WORKBENCH_PRESET=gpu on a GPU box)"))
+        from workbench.core.presets import default_preset_name
+
+        try:
+            preset = f"the `{default_preset_name()}` preset"
+        except ValueError as error:  # a WORKBENCH_PRESET that names no preset: its own one line
+            preset = str(error)
+        found.append(Finding("GPU", "note", f"none visible: {preset} (set WORKBENCH_PRESET=gpu on a GPU box)"))
     else:
         found.append(Finding("GPU", "ok", f"{gpu.name}, {gpu.memory_total_bytes / 2**30:.0f} GiB, "
                                           f"compute capability {gpu.compute_capability[0]}.{gpu.compute_capability[1]}"))

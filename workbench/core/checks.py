@@ -25,6 +25,7 @@ from typing import Any
 from torch import nn
 
 from workbench.core import custom, limits
+from workbench.core.arguments import checked_device
 from workbench.core.data import DATASETS, train_size
 from workbench.core.errors import ConfigError
 from workbench.core.models import MODEL_SPECS
@@ -210,7 +211,4 @@ def _check_save_and_resume(r: dict[str, Any]) -> None:
 
 
 def _check_device(r: dict[str, Any]) -> None:
-    import torch
-
-    if r["device"] == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device='cuda' but no CUDA GPU is visible; use device='auto' or 'cpu'")
+    checked_device(r["device"])

@@ -22,6 +22,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from workbench.core import cpu_class, custom, hardware
+from workbench.core.arguments import instance
 from workbench.core.checks import check_types, check_values, one_of
 from workbench.core.data import DATASETS
 from workbench.core.errors import ConfigError
@@ -202,6 +203,13 @@ _KINDS: dict[Any, tuple[tuple[type, ...], str]] = {
     torch.nn.Module: ((torch.nn.Module,), "your torch.nn.Module"), Dataset: ((Dataset,), "a torch Dataset"),
     DataLoader: ((DataLoader,), "a DataLoader"),
 }
+
+
+def run_config(config: Any, *, example: str = "RunConfig(model='mlp')") -> RunConfig:
+    """`config` resolved: what each public function that takes a RunConfig (run, estimate, plan,
+    plan_parallel, training_parts) starts with; a dict, a name or None is refused in one line."""
+    instance("config", config, RunConfig, example)
+    return config.resolved()
 
 
 @functools.cache

@@ -24,6 +24,8 @@ import torch
 # The CPU's class (flags, caps, int8 kernels) lives in cpu_class; its names are re-exported here,
 # where the lessons, the fingerprint and the preflight have always asked for them.
 from workbench.core.cpu_class import cpu_flags, int8_kernels, int8_speedup_expected, presented_note  # noqa: F401
+from workbench.core import environment
+from workbench.core.arguments import checked_device
 from workbench.core.precisions import DTYPES, PRECISIONS
 from workbench.core.report import Report, format_bytes
 
@@ -146,6 +148,8 @@ def gpu_info() -> GPUInfo | None:
 
 
 GPU_MEMORY_ENV_VAR = "WORKBENCH_GPU_MEMORY_GIB"
+MOST_GPU_GIB = 65536
+"""A card of more GiB than this (64 TiB) is a typo: the largest sold hold under 300 GB."""
 
 
 @functools.cache
@@ -172,15 +176,10 @@ def gpu_memory_bytes() -> tuple[int | None, str]:
         (16106127360, '$WORKBENCH_GPU_MEMORY_GIB')
         >>> del os.environ["WORKBENCH_GPU_MEMORY_GIB"]
     """
-    text = os.environ.get(GPU_MEMORY_ENV_VAR, "").strip()
-    if text:
-        try:
-            gib = float(text)
-        except ValueError:
-            gib = 0.0
-        if not gib > 0:
-            raise ValueError(f"{GPU_MEMORY_ENV_VAR}={text!r} must be the card's memory in GiB, e.g. 15 for a "
-                             "16 GB T4; unset it to read nvidia-smi")
+    gib = environment.decimal(GPU_MEMORY_ENV_VAR, least=2**-10, most=MOST_GPU_GIB,
+                              must=f"must be the card's memory in GiB (digits 0-9, up to {MOST_GPU_GIB:,}), e.g. 15 "
+                                   "for a 16 GB T4", fix="unset it to read nvidia-smi")
+    if gib is not None:
         return int(gib * 2**30), f"${GPU_MEMORY_ENV_VAR}"
     total = _smi_memory_bytes()
     return (total, "nvidia-smi") if total else (None, f"no nvidia-smi answer; set {GPU_MEMORY_ENV_VAR}")
@@ -445,7 +444,7 @@ def hardware_report(device: str = "auto") -> HardwareReport:
     """
     import psutil
 
-    device = resolve_device(device)
+    device = checked_device(device)
     precisions = {p: precision_support(device, p) for p in PRECISIONS}
     slowdown = {}
     if device == "cpu":

@@ -26,28 +26,14 @@ import numbers
 import os
 from typing import Any
 
+# Re-exported: checks and switches call limits.shown, limits.as_float and limits.SEED_LIMIT.
+from workbench.core.arguments import SEED_LIMIT, as_float, shown  # noqa: F401
+
 MAX_WORKERS = 64
-SEED_LIMIT = 2**64  # torch.manual_seed takes an unsigned 64-bit seed
-
-
-def as_float(value: Any) -> float:
-    """`value` as a float; an int too large for a float becomes inf (not OverflowError)."""
-    try:
-        return float(value)
-    except OverflowError:
-        return math.inf if value > 0 else -math.inf
 
 
 def is_finite(value: Any) -> bool:
     return math.isfinite(as_float(value))
-
-
-def shown(value: Any) -> str:
-    """A number as a message shows it: a 400-digit int as 1e+400, not 400 digits."""
-    text = repr(value)
-    if isinstance(value, int) and len(text.lstrip("-")) > 16:
-        return f"{'-' if value < 0 else ''}{text.lstrip('-')[0]}e+{len(text.lstrip('-')) - 1}"
-    return text
 
 
 def usable_cores() -> int:

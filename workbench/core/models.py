@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from workbench.core.errors import ArgumentError
 from workbench.core.saved import note_saved
 
 __all__ = ["MODELS", "MODEL_SPECS", "ModelSpec", "loss_fn", "MLP", "SmallCNN", "GPT", "PretrainedClassifier", "build_model",
@@ -367,6 +368,9 @@ def build_model(name: str, *, data: Any, dims: Mapping[str, Any], seed: int | No
         raise ValueError(f"model={shown} is not a built-in model; choose one of {', '.join(MODELS)}")
     spec = MODEL_SPECS[name]
     task = spec.task
+    if not hasattr(data, "task") or dims is not None and not isinstance(dims, Mapping):
+        raise ArgumentError(f"data must be a data bundle and dims a dict, got {type(data).__name__} and "
+                            f"{type(dims).__name__}; pass e.g. build_model('mlp', data=wb.load_data('mnist'), dims={{}})")
     if data.task != task:
         data_name = getattr(data, "name", "?")
         raise ValueError(f"model={name!r} needs a {task} data set, but data={data_name!r} "

@@ -2,8 +2,11 @@
 
 A preset holds the defaults a RunConfig takes when a field is left unset: model
 sizes, batch sizes, steps, evaluation size. `cpu-quick` is what CI and nbval run
-(each notebook well under a minute on 2 cores); `cpu` is a learner's laptop; `gpu`
-is sized to show real effects on one modern GPU.
+(each notebook well under a minute on 2 cores) and what the notebooks' saved outputs come
+from, so it is also the default without a GPU: a learner's screen then shows the numbers
+the teacher's saved notebooks (the projector) show, the exercises' model answers included.
+`cpu` is an opt-in for a longer self-study run (larger models, more steps, clearer effects);
+`gpu` is sized to show real effects on one modern GPU, and is the default where there is one.
 
 Two more variables cap a preset without changing its shapes (model sizes, batch sizes,
 sequence lengths): WORKBENCH_MAX_STEPS caps its steps and WORKBENCH_MAX_EVAL_SAMPLES its
@@ -19,9 +22,11 @@ and a replay on a learner's first cell would cost seconds for a figure that neve
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+from workbench.core import environment
+from workbench.core.arguments import shown
 
 PRESET_ENV_VAR = "WORKBENCH_PRESET"
 MAX_STEPS_ENV_VAR = "WORKBENCH_MAX_STEPS"
@@ -185,24 +190,15 @@ def _cuda_available() -> bool:
 
 
 def default_preset_name() -> str:
-    """The preset in force: $WORKBENCH_PRESET, else 'gpu' with CUDA, else 'cpu'."""
-    name = os.environ.get(PRESET_ENV_VAR, "").strip()
-    if name:
-        if name not in PRESETS:
-            raise ValueError(
-                f"{PRESET_ENV_VAR}={name!r} is not a preset; set it to one of: {', '.join(PRESETS)}"
-            )
-        return name
-    return "gpu" if _cuda_available() else "cpu"
+    """The preset in force: $WORKBENCH_PRESET, else 'gpu' with CUDA, else 'cpu-quick' (the preset
+    whose outputs the committed notebooks hold: what the teacher projects is what a learner sees)."""
+    name = environment.choice(PRESET_ENV_VAR, PRESETS, must="is not a preset",
+                              fix=f"set it to one of: {', '.join(PRESETS)}")
+    return name or ("gpu" if _cuda_available() else "cpu-quick")
 
 
 def _env_cap(var: str) -> int | None:
-    text = os.environ.get(var, "").strip()
-    if not text:
-        return None
-    if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"{var}={text!r} must be a whole number of at least 1; unset it for no cap")
-    return int(text)
+    return environment.whole(var, fix="unset it for no cap")
 
 
 def get_preset(name: str | None = None) -> Preset:
@@ -215,8 +211,8 @@ def get_preset(name: str | None = None) -> Preset:
         30
     """
     name = name or default_preset_name()
-    if name not in PRESETS:
-        raise ValueError(f"preset={name!r} is not a preset; use one of: {', '.join(PRESETS)}")
+    if not isinstance(name, str) or name not in PRESETS:
+        raise ValueError(f"preset={shown(name)} is not a preset; use one of: {', '.join(PRESETS)}")
     preset = _sized_to_card(PRESETS[name]) if name == "gpu" else PRESETS[name]
     max_steps, max_eval = _env_cap(MAX_STEPS_ENV_VAR), _env_cap(MAX_EVAL_ENV_VAR)
     if max_steps is None and max_eval is None:

@@ -15,15 +15,24 @@ Example:
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+import math
+import numbers
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.core.arguments import as_float, listed, shown
+from workbench.core.errors import ArgumentError
+
 
 def format_bytes(n: float | None) -> str:
-    """1536 -> '1.5 KiB'; None -> 'n/a'."""
+    """1536 -> '1.5 KiB'; None -> 'n/a'; nan and inf as they are."""
     if n is None:
         return "n/a"
+    if isinstance(n, bool) or not isinstance(n, numbers.Real):
+        raise ArgumentError(f"n must be a number of bytes or None, got {type(n).__name__} {shown(n)}; pass e.g. 1536")
+    if not math.isfinite(as_float(n)):
+        return str(as_float(n))
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -63,6 +72,29 @@ def text_table(rows: Sequence[Sequence[Any]], *, header: Sequence[str] = (), cap
     text = "\n".join("  ".join(c.ljust(w) for c, w in zip(line[:-1], widths)) + ("  " if len(line) > 1 else "") + line[-1]
                      for line in lines)
     return f"{caption}\n{text}" if caption else text
+
+
+class UnknownName(KeyError):
+    """A name a report does not hold (a KeyError, as a lookup's miss), shown as its one line."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+def _names(names: Iterable[Any]) -> str:
+    """Names as a message lists them, each by its start: [a, b, ...]."""
+    names = list(names)
+    return "[" + ", ".join(map(shown, names[:10])) + (f", ... ({len(names)} in all)" if len(names) > 10 else "") + "]"
+
+
+def plain_label(name: Any, *, most: int = 40) -> str:
+    """A name as a figure's legend, tick or title shows it: one line of at most `most` characters
+    (a 10,000-character run name made a tick label the size of a gigapixel image: out of memory),
+    each '$' escaped so matplotlib draws it instead of parsing math (a 'a$^$b' run name raised
+    mathtext's ParseSyntaxException at the figure)."""
+    text = " ".join(str(name).split())
+    text = text if len(text) <= most else text[: most - 1] + "\u2026"
+    return text.replace("$", r"\$")
 
 
 class Report:
@@ -133,20 +165,31 @@ class Results(Report):
     empty_message = ""
     """What to say when there is nothing to compare (default: 'need at least one <kind>')."""
 
+    item_type: type | None = None
+    """The class every item must be (None: anything with a `name`)."""
+    argument, example = "items", "[baseline, other, ...]"
+    """The parameter that takes the items, and a call that passes them (for messages)."""
+
     def __init__(self, items: Sequence[Any]) -> None:
+        empty = f"{self.empty_message or f'need at least one {self.kind}'}; pass {self.example}"
+        items = [] if items is None else listed(self.argument, items, self.example)
         if not items:
-            raise ValueError(f"{self.empty_message or f'need at least one {self.kind}'}; pass [baseline, other, ...]")
+            raise ArgumentError(empty)
+        for i, item in enumerate(items):
+            if not isinstance(item, self.item_type or object) or not hasattr(item, "name"):
+                raise ArgumentError(f"{self.argument}[{i}] is a {type(item).__name__}, not a "
+                                    f"{(self.item_type or object).__name__} with a name; pass {self.example}")
         names = [item.name for item in items]
-        if len(set(names)) != len(names):
-            raise ValueError(f"{self.kind} names must differ to compare them, got {names}; {self.name_hint}")
-        self.items = list(items)
+        if len(set(map(repr, names))) != len(names):
+            raise ArgumentError(f"{self.kind} names must differ to compare them, got {_names(names)}; {self.name_hint}")
+        self.items = items
         self._figure: Any = None
 
     def item(self, name: str) -> Any:
         for item in self.items:
             if item.name == name:
                 return item
-        raise KeyError(f"no {self.kind} named {name!r}; {self.kind}s: {[i.name for i in self.items]}")
+        raise UnknownName(f"no {self.kind} named {shown(name)}; {self.kind}s: {_names(i.name for i in self.items)}")
 
     def value(self, item: Any, metric: str) -> Any:
         return getattr(item, metric)

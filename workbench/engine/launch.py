@@ -4,16 +4,18 @@
 or CPU processes over gloo), runs `run()` in each and streams every child's records
 back through a pipe, so the live dashboard here shows the run as it trains. It
 returns rank 0's RunResult: its loss is the mean over all processes, its throughput
-counts every process's samples. (The module is `launcher`, not `launch`: a submodule
-named like the function it exports would shadow `workbench.launch` once imported.)
+counts every process's samples.
 
-It is accelerate's `notebook_launcher` mechanism (fork the notebook, set the
-environment accelerate reads, `PrepareForLaunch`), with what a notebook needs on top:
+It is accelerate's `notebook_launcher` mechanism (set the environment accelerate reads,
+`PrepareForLaunch`), with what a notebook needs on top:
+- the children are not forked from the notebook, whose threads may hold a lock at that instant,
+  but from a fork server that holds none (engine/processes.py: the hang this removed);
 - every child asserts the world size: on CPU a plain `Accelerator()` under
   `notebook_launcher` silently starts N unconnected world-size-1 processes;
 - the parent feeds the children's records to its sinks, on its own main thread;
 - a child that raises: its traceback is printed here, the others are stopped and the
-  launcher returns a 'failed' result; `timeout_s` bounds a hang;
+  launcher returns a 'failed' result; `timeout_s` bounds a hang; Stop stops them at once, and
+  whatever ends a launch, what the children started ends with them;
 - each child gets its share of the CPU threads (N processes x all cores each would
   oversubscribe the cores and ruin every timing).
 
@@ -29,7 +31,6 @@ import copy
 import multiprocessing
 import multiprocessing.connection
 import os
-import socket
 import sys
 import time
 import traceback
@@ -39,23 +40,13 @@ from typing import Any
 
 from workbench.core import custom
 from workbench.core.config import RunConfig
-from workbench.core.limits import usable_cores
+from workbench.engine import processes
+from workbench.engine.processes import ByValue, LaunchError, free_port  # noqa: F401  (free_port: re-exported)
 from workbench.measure.recorder import Recorder
 from workbench.measure.records import RunEnd, RunStart, Sink, StepRecord
 from workbench.measure.result import RunResult
 
 _POLL_S = 0.05  # how often the parent looks at the pipes and the children
-
-
-class LaunchError(RuntimeError):
-    """A multi-process launch that cannot start or did not finish; says why."""
-
-
-def free_port() -> int:
-    """A TCP port free right now (e.g. for `accelerate launch --main_process_port`)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def check_world_size(actual: int, expected: int, rank: int) -> None:
@@ -84,7 +75,7 @@ class _PipeSink:
         self.conn.send(("end", record))
 
 
-def _child(target: RunConfig | Callable[..., Any], args: tuple, name: str | None, conns: list,
+def _child(payload: Any, name: str | None, conn: multiprocessing.connection.Connection, others: list,
            num_processes: int, threads: int, cpu: bool) -> None:
     """Runs in each child (after accelerate's PrepareForLaunch set RANK and LOCAL_RANK)."""
     import torch
@@ -93,12 +84,11 @@ def _child(target: RunConfig | Callable[..., Any], args: tuple, name: str | None
     from workbench.engine.accelerator import reset_accelerate_state
 
     rank = int(os.environ["RANK"])
-    conn = conns[rank]
-    for i, other in enumerate(conns):  # keep only this child's pipe end open
-        if i != rank:
-            other.close()
+    for other in others:  # a forked child's copies of the other pipes: a dead sibling must read as EOF
+        other.close()
     torch.set_num_threads(threads)
     try:
+        target, args = payload.load() if isinstance(payload, ByValue) else payload
         # A forked child inherits the notebook's single-process accelerate state: drop it,
         # then form the process group now, so the world size is known before any work.
         reset_accelerate_state(keep_process_group=False)
@@ -117,15 +107,16 @@ def _child(target: RunConfig | Callable[..., Any], args: tuple, name: str | None
         # the time says which failure came first, the cause rather than an echo. run()'s note
         # points at this process's .result, which stays here: the cause's line stays the last.
         vars(error).pop("__notes__", None)
+        conn.send(("started", processes.own_descendants()))
         conn.send(("error", {"rank": rank, "time": time.time(), "traceback": traceback.format_exc()}))
-        raise
+        sys.stderr.flush()  # the parent shows it, once: multiprocessing would print it again here
+        os._exit(1)
+    conn.send(("started", processes.own_descendants()))  # what this rank leaves running: stopped there
     conn.send(("result", _without_own_objects(value)))
     conn.close()
     # Leave as a forked child does (os._exit). A spawned one otherwise goes through Python's
     # shutdown, where the process group's threads, still running, aborted it ("terminate called
     # without an active exception", SIGABRT: 2 of 12 spawned launches here, 0 of 8 with this).
-    # (destroy_process_group first instead: 0 of 16 aborted, but 06 cell 6 then timed out once under
-    # make test-spawn, cause not found.)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
@@ -144,133 +135,76 @@ def _without_own_objects(value: Any) -> Any:
     return replace(value, config=config, model=None)
 
 
-def _check_num_processes(num_processes: Any) -> None:
-    if not isinstance(num_processes, int) or isinstance(num_processes, bool) or num_processes < 1:
-        raise ValueError(f"num_processes={num_processes!r} must be a whole number >= 1; pass e.g. num_processes=2")
-    # Each process is a full torch (~300 MB) with its own pipe; measured: 10**6 ran out of file
-    # descriptors after creating pipes for a while. More processes than cores only share them.
-    most = max(2, 2 * usable_cores())
-    if num_processes > most:
-        raise ValueError(f"num_processes={num_processes} is more processes than this machine can run side by side "
-                         f"({usable_cores()} usable cores); pass num_processes <= {most}")
-
-
-def _check_limits(timeout_s: Any, threads_per_process: Any) -> None:
-    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
-                                  or not 0 < timeout_s < float("inf")):
-        raise ValueError(f"timeout_s={timeout_s!r} must be a positive number of seconds or None; pass e.g. timeout_s=600")
-    if threads_per_process is not None and (isinstance(threads_per_process, bool) or not isinstance(threads_per_process, int)
-                                            or not 1 <= threads_per_process <= max(1, usable_cores())):
-        raise ValueError(f"threads_per_process={threads_per_process!r} must be a whole number from 1 to "
-                         f"{usable_cores()} (the usable cores) or None; pass e.g. threads_per_process=1")
-
-
-def _start_method(requested: str) -> str:
-    import torch
-
-    if requested not in ("auto", "fork", "spawn", "forkserver"):
-        raise ValueError(f"start_method={requested!r} is not known; use 'auto', 'fork', 'spawn' or 'forkserver'")
-    if requested != "auto":
-        return requested
-    # CUDA initialised in this process cannot be used by a forked child; the children then start
-    # fresh (spawn). So they do where this process's start method is not fork: multiprocessing's
-    # default on macOS and Windows (the first of get_all_start_methods), or one a user set.
-    default = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
-    return "spawn" if torch.cuda.is_initialized() or default != "fork" else "fork"
-
-
-class _ByValue:
-    """A function defined in a notebook, carried to a spawned child as its code (dill, which
-    `datasets` depends on): a fresh process cannot import a notebook's `__main__`. What the
-    function uses it imports in its body, or dill carries along (its globals, recurse=True)."""
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        import dill
-
-        try:
-            self.code = dill.dumps(fn, recurse=True)
-        except Exception as error:  # noqa: BLE001: any pickling failure gets the same fix
-            raise LaunchError(f"{fn.__qualname__} (defined in the notebook) cannot be sent to a spawned process "
-                              f"({type(error).__name__}: {error}); define it in a .py module and import it") from None
-
-    def __call__(self, *args: Any) -> Any:
-        import dill
-
-        return dill.loads(self.code)(*args)
-
-
 def _launch(target: RunConfig | Callable[..., Any], args: tuple, *, num_processes: int, name: str | None,
             on_record: Callable[[str, Any], None], timeout_s: float | None, start_method: str,
             threads_per_process: int | None, device: str) -> tuple[dict[int, Any], str | None, str]:
-    """Start the children, pump their messages until they finish; (values, failure, status)."""
+    """Start the children, pump their messages until they finish; (values, failure, status).
+    Whatever ends it (the children, a failure, the timeout, Stop), nothing they started lives on."""
     import torch
+    from accelerate.utils import PrepareForLaunch
+    from torch.distributed import TCPStore
 
-    _check_num_processes(num_processes)
-    _check_limits(timeout_s, threads_per_process)
+    processes.check_num_processes(num_processes)
+    processes.check_limits(timeout_s, threads_per_process)
     if device != "cpu" and num_processes > torch.cuda.device_count():
         raise ValueError(
             f"num_processes={num_processes} but {torch.cuda.device_count()} GPU(s) are visible; "
             f"pass num_processes <= {torch.cuda.device_count()} or device='cpu'"
         )
     threads = threads_per_process or max(1, torch.get_num_threads() // num_processes)
-    method = _start_method(start_method)
-    if method != "fork" and getattr(target, "__module__", None) == "__main__":
-        target = _ByValue(target)
-    context, readers, store = _start_children(target, args, name=name, num_processes=num_processes, threads=threads,
-                                              method=method, cpu=device == "cpu")
+    method = processes.start_method(start_method)
+    payload: Any = (target, args) if method == "fork" else ByValue(target, args)
+    children, pipes, store = None, [], None
     try:
-        return _gather(context, readers, on_record=on_record, timeout_s=timeout_s)
+        # The rendezvous store lives here, on a port the OS picked and this process holds, so no
+        # other program can take it between choosing and binding; the children join it as clients
+        # (TORCHELASTIC_USE_AGENT_STORE: how torchrun's agent hosts it too). Its constructor and
+        # this round trip return once its server thread has handled this process's connection
+        # (a name lookup, strace shows), before any child is forked.
+        store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        store.set("workbench/launch", "ready")
+        children = processes.Children(method)
+        pipes = [children.ctx.Pipe(duplex=False) for _ in range(num_processes)]
+        readers = {reader: rank for rank, (reader, _) in enumerate(pipes)}
+        per_rank = []
+        for rank, (_, writer) in enumerate(pipes):
+            # forked children hold copies of every pipe: each closes all but its own writer
+            others = [end for r, pair in enumerate(pipes) for end in pair if not (r == rank and end is writer)]
+            per_rank.append((payload, name, writer, others if method == "fork" else [], num_processes, threads,
+                             device == "cpu"))
+        launcher = PrepareForLaunch(_child, distributed_type="MULTI_CPU" if device == "cpu" else "MULTI_GPU")
+        try:
+            children.start(launcher, per_rank, _child_env(num_processes, store.port, threads, cpu=device == "cpu"))
+        finally:
+            for _, writer in pipes:  # the children hold them now; closed here, a dead child reads as EOF
+                writer.close()
+        return _gather(children, readers, on_record=on_record, timeout_s=timeout_s)
+    except KeyboardInterrupt:  # Stop while the children were starting
+        return {}, "stopped by the user", "interrupted"
     finally:
-        _stop(context)
-        for reader in list(readers):
+        if children is not None:
+            children.stop()
+        for reader, _ in pipes:
             reader.close()
         del store
 
 
-def _start_children(target: RunConfig | Callable[..., Any], args: tuple, *, name: str | None, num_processes: int,
-                    threads: int, method: str, cpu: bool) -> tuple[Any, dict[Any, int], Any]:
-    """The children, started on a rendezvous store held here; (their context, a pipe reader per
-    rank, the store: keep it until they are done)."""
-    from accelerate.utils import PrepareForLaunch, patch_environment
-    from torch.distributed import TCPStore
-    from torch.multiprocessing import start_processes
-
-    ctx = multiprocessing.get_context(method)
-    pipes = [ctx.Pipe(duplex=False) for _ in range(num_processes)]
-    readers = {reader: rank for rank, (reader, _) in enumerate(pipes)}
-    writers = [writer for _, writer in pipes]
-    # The rendezvous store lives here, on a port the OS picked and this process holds, so no
-    # other program can take it between choosing and binding; the children join it as
-    # clients (TORCHELASTIC_USE_AGENT_STORE: how torchrun's agent hosts it too).
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    env = dict(
-        world_size=num_processes, nproc=num_processes, node_rank=0, local_world_size=num_processes,
-        master_addr="127.0.0.1", master_port=store.port, torchelastic_use_agent_store="True",
-        # OMP_NUM_THREADS set: accelerate then leaves each child's thread count alone.
-        omp_num_threads=threads,
-    )
+def _child_env(num_processes: int, port: int, threads: int, *, cpu: bool) -> dict[str, str]:
+    """This process's environment with what accelerate's PrepareForLaunch and torch.distributed
+    read in each child (a fork server's child would otherwise have the server's environment)."""
+    env = {**os.environ, "WORLD_SIZE": str(num_processes), "NPROC": str(num_processes), "NODE_RANK": "0",
+           "LOCAL_WORLD_SIZE": str(num_processes), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "TORCHELASTIC_USE_AGENT_STORE": "True",
+           "OMP_NUM_THREADS": str(threads)}  # set: accelerate then leaves each child's thread count alone
     if cpu:
-        env["accelerate_use_cpu"] = "true"
-    with patch_environment(**env):
-        context = start_processes(
-            PrepareForLaunch(_child, distributed_type="MULTI_CPU" if cpu else "MULTI_GPU"),
-            args=(target, args, name, writers, num_processes, threads, cpu),
-            nprocs=num_processes, join=False, start_method=method,
-        )
-    for writer in writers:  # the children hold them now; closed here, a dead child reads as EOF
-        writer.close()
-    return context, readers, store
+        env["ACCELERATE_USE_CPU"] = "true"
+    return env
 
 
-def _gather(context: Any, readers: dict[Any, int], *, on_record: Callable[[str, Any], None],
+def _gather(children: processes.Children, readers: dict[Any, int], *, on_record: Callable[[str, Any], None],
             timeout_s: float | None) -> tuple[dict[int, Any], str | None, str]:
     """Pass the children's records on and keep their values until they all end, one fails or
     the time is up; (values by rank, failure, status). The readers of ended pipes are dropped."""
-    from torch.multiprocessing.spawn import (
-        ProcessExitedException,
-        ProcessRaisedException,
-    )
-
     values: dict[int, Any] = {}
     errors: list[dict[str, Any]] = []
     failure, status = None, "ok"
@@ -285,6 +219,8 @@ def _gather(context: Any, readers: dict[Any, int], *, on_record: Callable[[str, 
                 continue
             if kind == "result":
                 values[readers[reader]] = payload
+            elif kind == "started":
+                children.adopt(payload)
             elif kind == "error":
                 errors.append(payload)
             else:
@@ -293,17 +229,21 @@ def _gather(context: Any, readers: dict[Any, int], *, on_record: Callable[[str, 
     try:
         while True:
             pump(_POLL_S)
-            try:
-                if context.join(timeout=0, grace_period=2.0):
-                    break
-            except (ProcessRaisedException, ProcessExitedException) as error:
-                failure, status = str(error).strip(), "failed"
+            children.watch()
+            codes = children.exitcodes
+            ended_badly = [processes.describe_exit(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
+            if ended_badly:
+                failure, status = "; ".join(ended_badly), "failed"
+                break
+            if all(code == 0 for code in codes):
                 break
             if deadline is not None and time.monotonic() > deadline:
                 failure, status = f"timed out after {timeout_s:g} s (timeout_s); the children were stopped", "failed"
                 break
-        # What the children wrote before exiting (after a failure join() has stopped them
-        # all, so every pipe ends: a message cut short reads as EOF, never blocks).
+        if status == "failed":  # the others would wait for the failed one in their next collective
+            children.stop()
+        # What the children wrote before exiting (every pipe ends once they did: a message cut
+        # short reads as EOF, never blocks).
         end = time.monotonic() + 2.0
         while readers and time.monotonic() < end:
             pump(_POLL_S)
@@ -317,15 +257,9 @@ def _gather(context: Any, readers: dict[Any, int], *, on_record: Callable[[str, 
     return values, failure, status
 
 
-def _stop(context: Any) -> None:
-    for process in context.processes:
-        if process.is_alive():
-            process.terminate()
-    for process in context.processes:
-        process.join(timeout=5)
-        if process.is_alive():
-            process.kill()
-            process.join()
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _last_line(text: str) -> str:
@@ -348,8 +282,9 @@ def launch(config: RunConfig, *, num_processes: int = 2, name: str | None = None
             them to the live dashboard in a notebook, text elsewhere). Rank 0's records are shown (its
             loss is the mean over all processes, its throughput counts all of them).
         timeout_s: stop the children and return a 'failed' result after this long.
-        start_method: 'fork' (fast), 'spawn', or 'auto': fork where it is this process's
-            multiprocessing start method (Linux) and CUDA is not initialised here, else spawn.
+        start_method: 'auto' (the fork server where this process's default forks, Linux; else
+            spawn, macOS and Windows), 'forkserver', 'spawn' or 'fork' (engine/processes.py: why
+            the children are not forked from the notebook by default).
         threads_per_process: CPU threads per child; default: this process's
             threads divided among the children.
 
@@ -362,8 +297,9 @@ def launch(config: RunConfig, *, num_processes: int = 2, name: str | None = None
     if not isinstance(config, RunConfig):
         raise TypeError(f"config must be a RunConfig, got {type(config).__name__}; use launch_function for a function")
     cfg = config.resolved()  # bad values fail here, before any process starts
-    _check_num_processes(num_processes)
-    _check_limits(timeout_s, threads_per_process)
+    processes.check_num_processes(num_processes)
+    processes.check_limits(timeout_s, threads_per_process)
+    method = processes.start_method(start_method)
     if name is not None and not isinstance(name, str):
         raise TypeError(f"name must be text, got {type(name).__name__} {name!r}; pass e.g. name='2 processes'")
     check_fits(cfg, processes=num_processes)  # all N on this machine: refused here, before any fork
@@ -380,7 +316,7 @@ def launch(config: RunConfig, *, num_processes: int = 2, name: str | None = None
             recorder.relay(kind, record)
 
     began = time.perf_counter()
-    if _start_method(start_method) == "fork":
+    if method == "fork":
         _warm_up(cfg)
     values, failure, status = _launch(  # the children resolve `config` in their world (epochs)
         config, (), num_processes=num_processes, name=name, on_record=on_record, timeout_s=timeout_s,
@@ -407,8 +343,9 @@ def launch(config: RunConfig, *, num_processes: int = 2, name: str | None = None
 
 
 def _warm_up(cfg: RunConfig) -> None:
-    """Import and load here what every child needs: forked children inherit it
-    (copy-on-write) instead of each importing accelerate and reading the data again."""
+    """Under fork: import and load here what every child needs: forked children inherit it
+    (copy-on-write) instead of each importing accelerate and reading the data again. (The fork
+    server imports the same modules once: processes.PRELOAD.)"""
     import accelerate.accelerator  # noqa: F401
     import torch._dynamo  # noqa: F401  (accelerate's prepare() imports it: seconds, per child)
 
@@ -428,9 +365,10 @@ def launch_function(fn: Callable[..., Any], *args: Any, num_processes: int = 2, 
     Like accelerate's `notebook_launcher`, with the process group already formed
     and checked when `fn` starts (so `PartialState()` inside `fn` is connected),
     and with failures that come back: a child that raises makes this raise
-    `LaunchError` with the child's traceback, after the others are stopped. Spawned
-    children (macOS, Windows, CUDA initialised here) get a function defined in the
-    notebook as its code: it imports what it uses in its body.
+    `LaunchError` with the child's traceback, after the others are stopped. Children not
+    forked from here (the fork server's, spawned ones) get a function defined in the
+    notebook as its code: it imports what it uses in its body. Every argument is checked
+    before a process starts.
 
     Example:
         >>> def world():
@@ -441,6 +379,14 @@ def launch_function(fn: Callable[..., Any], *args: Any, num_processes: int = 2, 
     """
     from workbench.core import hardware
 
+    if not callable(fn) or isinstance(fn, RunConfig):
+        hint = "use launch(config) for a RunConfig" if isinstance(fn, RunConfig) else "pass a function, e.g. launch_function(train, config)"
+        raise TypeError(f"fn must be a function to call in each process, got {type(fn).__name__} {_short(fn)}; {hint}")
+    processes.check_num_processes(num_processes)
+    processes.check_limits(timeout_s, threads_per_process)
+    processes.start_method(start_method)
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device={_short(device)} is not known; pass device='auto', 'cpu' or 'cuda'")
     values, failure, status = _launch(
         fn, args, num_processes=num_processes, name=None, on_record=lambda kind, record: None,
         timeout_s=timeout_s, start_method=start_method, threads_per_process=threads_per_process,

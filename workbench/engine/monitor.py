@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from workbench.core import hardware
+from workbench.core.arguments import ArgumentError, flag, label, whole_number
 from workbench.core.compile_cache import damaged_cache
 from workbench.core.precisions import PRECISIONS
 from workbench.engine.ending import Diverged, RunInterrupted, non_finite_loss, remember
@@ -43,11 +44,33 @@ from workbench.measure.counters import SavedActivationCounter
 from workbench.measure.flops import FlopCounter
 from workbench.measure.meters import MemoryMeter
 from workbench.measure.recorder import Recorder
-from workbench.measure.records import Sink
+from workbench.measure.records import Sink, checked_sinks
 from workbench.measure.result import LoopDescription, RunResult
 from workbench.switches.precision import stops_on
 
 NO_LOSS_NOTE = "no loss measured: the loop never called mon.loss(loss), so the result has no loss curve"
+
+
+def _check(model: Any, optimizer: Any, *, name: Any, numbers: dict[str, Any], precision: Any, checkpointing: Any,
+           flags: dict[str, Any], accelerator: Any) -> None:
+    """monitor()'s arguments, before it starts (one line naming the argument and the fix)."""
+    if not isinstance(model, torch.nn.Module):
+        raise ArgumentError(f"model must be a torch.nn.Module, got {type(model).__name__}; pass the model you train")
+    if optimizer is not None and not hasattr(optimizer, "param_groups"):
+        raise ArgumentError(f"optimizer must be a torch optimizer or None, got {type(optimizer).__name__}; "
+                            "pass the optimizer your loop steps, e.g. torch.optim.AdamW(model.parameters())")
+    label("name", name, example="name='fp16 by hand'")
+    for field, value in numbers.items():
+        if value is not None or field != "batch_size":  # an unknown batch size is allowed
+            whole_number(field, value, example=f"{field}=10")
+    if precision not in PRECISIONS:
+        raise ArgumentError(f"precision={precision!r} labels the run: use one of {', '.join(map(repr, PRECISIONS))}")
+    label("checkpointing", checkpointing, example="checkpointing='none'")
+    for field, value in flags.items():
+        flag(field, value)
+    if accelerator is not None and not hasattr(accelerator, "num_processes"):
+        raise ArgumentError(f"accelerator must be an accelerate Accelerator or None, got {type(accelerator).__name__}; "
+                            "pass the Accelerator your loop prepared with")
 
 
 class Monitor:
@@ -82,15 +105,12 @@ class Monitor:
                  precision: str = "fp32", batch_size: int | None = None, grad_accum_steps: int = 1,
                  checkpointing: str = "none", text: bool = False, count_first_step: bool = True,
                  accelerator: Any = None) -> None:
-        if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}; pass the model you train")
         if isinstance(steps, int) and not isinstance(steps, bool) and log_every is None:
             log_every = max(1, steps // 10)  # about ten log records (and device syncs) a run
-        for field, value in (("steps", steps), ("log_every", log_every), ("grad_accum_steps", grad_accum_steps)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{field}={value!r} must be a whole number >= 1; pass e.g. {field}=10")
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision={precision!r} labels the run: use one of {', '.join(map(repr, PRECISIONS))}")
+        _check(model, optimizer, name=name, numbers={"steps": steps, "log_every": log_every, "grad_accum_steps":
+               grad_accum_steps, "batch_size": batch_size}, precision=precision, checkpointing=checkpointing,
+               flags={"text": text, "count_first_step": count_first_step}, accelerator=accelerator)
+        sinks = checked_sinks(sinks)
         self.model, self.optimizer, self.count_first_step = model, optimizer, count_first_step
         param = next(model.parameters(), None)
         self.device = param.device if param is not None else torch.device("cpu")

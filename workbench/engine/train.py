@@ -20,7 +20,8 @@ from contextlib import nullcontext
 from typing import Any
 
 from workbench.core import compile_cache, custom, hardware
-from workbench.core.config import RunConfig
+from workbench.core.arguments import flag, label
+from workbench.core.config import RunConfig, run_config
 from workbench.core.models import loss_fn
 from workbench.engine import resume
 from workbench.engine.accelerator import make_accelerator
@@ -31,7 +32,7 @@ from workbench.measure import oom
 from workbench.measure.counters import SavedActivationCounter, gradient_bytes, optimizer_state_bytes, parameter_bytes
 from workbench.measure.flops import FlopCounter
 from workbench.measure.meters import MemoryMeter
-from workbench.measure.records import Sink
+from workbench.measure.records import Sink, checked_sinks
 from workbench.measure.result import RunResult
 from workbench.switches import attention, checkpointing, compiling, data_loading, optimizer, precision, qat, sharding, trainable
 
@@ -59,22 +60,15 @@ def _batches(accelerator, loader: Iterable, position: resume.DataPosition) -> It
         position.epoch, position.batches_in_epoch = position.epoch + 1, 0
 
 
-def _checked(config: RunConfig, sinks: Iterable[Sink], name: str | None) -> tuple[RunConfig, list[Sink], str]:
+def _checked(config: RunConfig, sinks: Iterable[Sink], name: str | None,
+             keep_model: bool = False) -> tuple[RunConfig, list[Sink], str]:
     """The resolved config, the sinks (each able to hear a run) and the run's name, checked
     before anything is loaded."""
-    if not isinstance(config, RunConfig):
-        raise TypeError(f"config must be a RunConfig, got {type(config).__name__}; pass e.g. RunConfig(model='mlp')")
-    cfg = config.resolved()
-    if name is not None and not isinstance(name, str):
-        raise TypeError(f"name must be text, got {type(name).__name__} {name!r}; pass e.g. name='baseline'")
-    if isinstance(sinks, (str, bytes)) or not isinstance(sinks, Iterable):
-        raise TypeError(f"sinks must be a list of sinks, got {type(sinks).__name__}; pass e.g. sinks=[TextSink()]")
-    sinks = list(sinks)
-    for i, sink in enumerate(sinks):
-        if missing := [m for m in ("start", "log", "end") if not callable(getattr(sink, m, None))]:
-            raise TypeError(f"sinks[{i}] ({type(sink).__name__}) has no {', '.join(missing)} method; a sink needs "
-                            "start(), log() and end() (see workbench.measure.records.Sink)")
-    return cfg, sinks, name or f"{custom.model_name(cfg.model)} {cfg.precision} b{cfg.batch_size}"
+    cfg = run_config(config)
+    flag("keep_model", keep_model)
+    if name is not None:
+        label("name", name, example="name='baseline'")  # a table, the text log and a legend can show it
+    return cfg, checked_sinks(sinks), name or f"{custom.model_name(cfg.model)} {cfg.precision} b{cfg.batch_size}"
 
 
 @dataclasses.dataclass(eq=False)
@@ -157,7 +151,7 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
     """
     from workbench.planner.fit import check_fits
 
-    cfg, sinks, name = _checked(config, sinks, name)
+    cfg, sinks, name = _checked(config, sinks, name, keep_model)
     check_fits(cfg)  # resources: refused with the estimate and the fix, before anything is allocated
     r = _Run.begin(cfg, name, sinks)
     if config.epochs is not None and r.accelerator.num_processes > 1:

@@ -22,12 +22,15 @@ import contextlib
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
 import torch
 from accelerate import Accelerator
 from torch import nn
 from workbench.core.models import loss_fn
 from workbench.core.report import Table
 from workbench.engine.accelerator import make_accelerator
+from workbench.lessons import evidence
 # make_probe, gradients, max_relative_difference: re-exported for the notebook's own cells
 from workbench.measure.probe import PeakReading, Probe, gradients, make_probe, max_relative_difference, step_peak
 from workbench.views.figures_accumulation import memory_timeline_figure  # re-exported for the notebook
@@ -180,7 +183,7 @@ def effective_batch(micro_batch: int, accum_steps: int, processes: int = 1) -> i
     return micro_batch * accum_steps * processes
 
 
-def claim_rows(baseline, accumulated) -> list[tuple[str, str, str, str]]:
+def claim_rows(baseline, accumulated) -> list[tuple[Any, ...]]:
     """The notebook's claims against this session's runs: `baseline` (one batch of k·b) and
     `accumulated` (k micro-batches of b). Measures the gradients and the window peaks on the
     baseline's first batch; raises AssertionError where what must hold does not."""
@@ -200,15 +203,16 @@ def claim_rows(baseline, accumulated) -> list[tuple[str, str, str, str]]:
     return [
         ("k micro-batches with loss / k give the gradient of one batch of k·b", "seed 004 §4.1",
          f"gradients {max(manual, accel):.1e} from one batch's (manual, accelerate); loss curves {gap:.1e} apart",
-         "holds: to float rounding"),
+         "holds: to float rounding", evidence.count()),
         ("total batch = per-device batch x accumulation steps x GPUs", "seed 000 §5.1",
          f"{b} x {k}: the FLOPs of one batch of {k * b} per optimizer step, exactly",
-         "holds in part: one process here (notebook 06 adds processes)"),
+         "holds in part: one process here (notebook 06 adds processes)", evidence.count()),
         ("accumulation saves memory", "seed 004 §4.1, seed 000 §5.1",
          f"saved activations x{saved:.2f} (exact); window peak x{window.bytes / big.bytes:.2f} ({window.kind})",
-         "holds: memory follows the micro-batch"),
+         "holds: memory follows the micro-batch", evidence.count()),
         ("`if i % k == 0: optimizer.step()` inside `accumulate()`", "seed 003 §5.1",
-         f"{gated} optimizer steps in {3 * k} micro-batches", "does not hold here: it never steps; drop the if"),
+         f"{gated} optimizer steps in {3 * k} micro-batches", "does not hold here: it never steps; drop the if",
+         evidence.count()),
     ]
 
 

@@ -23,6 +23,7 @@ import dataclasses
 import importlib.util
 import math
 import os
+import statistics
 import time
 import traceback
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -45,6 +46,7 @@ from workbench.core.data.files import (  # noqa: F401
     write_image_files,
 )
 from workbench.core.report import Report, figure_html
+from workbench.lessons import evidence
 from workbench.lessons.exercises import check
 from workbench.lessons.ledger import record
 from workbench.measure.contention import other_work  # noqa: F401
@@ -126,10 +128,13 @@ def _spin(iterations: int, ready: Any) -> None:
         total += i
 
 
-def parallel_speedup(processes: int = 2, *, iterations: int = 3_000_000) -> float:
+def parallel_speedup(processes: int = 2, *, iterations: int = 1_000_000, rounds: int = 3) -> float:
     """How much faster `processes` CPU-bound processes finish side by side than one after
     another, measured now: about `processes` on idle cores, about 1 when other work holds
     them. Whether DataLoader workers can help depends on this, not on the core count alone.
+    One after another and side by side take turns, `rounds` times; the median of the rounds'
+    ratios counts (a burst of other work then hits both sides; one round of each read 2.90 for
+    two processes, beyond what two processes can give).
 
     Example:
         >>> 0.5 < parallel_speedup(2) < 2.5
@@ -152,8 +157,11 @@ def parallel_speedup(processes: int = 2, *, iterations: int = 3_000_000) -> floa
             w.join()
         return time.perf_counter() - start
 
-    one = timed(1)
-    return processes * one / timed(processes)
+    ratios = []
+    for _ in range(rounds):
+        one = timed(1)
+        ratios.append(processes * one / timed(processes))
+    return statistics.median(ratios)
 
 
 @dataclass(frozen=True)
@@ -182,6 +190,10 @@ class LoaderTimings(Report, list):
         """Samples/s over the given epochs (default: all but the first, start-up excluded)."""
         chosen = self.of(loader)[epochs] or self.of(loader)
         return sum(t.samples for t in chosen) / sum(t.seconds for t in chosen)
+
+    def rates(self) -> dict[str, float]:
+        """Each loader's samples/s, start-up excluded (what `claims_rows` compares)."""
+        return {loader: self.samples_per_sec(loader) for loader in dict.fromkeys(t.loader for t in self)}
 
     def rows(self) -> list[tuple[Any, ...]]:
         return [(t.loader, t.epoch, f"{t.first_batch_s * 1e3:.0f}", f"{t.seconds:.3f}", f"{t.samples_per_sec:,.0f}")
@@ -311,15 +323,24 @@ def dali_available() -> bool:
 CEILING_HINT = "if the wait for data vanished, only the compute part of the baseline's step would remain"
 
 
+# The pre-loaded run still waits a little (indexing and stacking in-memory tensors): Amdahl's 1 / (1 - waiting
+# share) read 4.58 against a measured 3.77 (1.21x) in main's cpu-quick run. 30% holds that; busy runs: unchecked.
+CEILING_TOLERANCE = 0.3
+
+
 def check_ceiling(answer: float | None, runs: Any, others: Any) -> None:
     """The exercise's check: a predicted ceiling against the pre-loaded run's measured samples/s
-    over the 0-worker baseline's, within 50%. Runs timed one after another on a machine where
-    other work took cores (`others`, measured around the baseline) can read further apart (at load
-    average 8 here the ratio read outside 2x of 1 / (1 - waiting share) in 2 of 3 runs): then an
-    answer that differs is shown with the reason, not failed."""
+    over the 0-worker baseline's, within CEILING_TOLERANCE. Runs timed one after another on a
+    machine where other work took cores (`others`, measured around the baseline) can read further
+    apart (at load average 8 here the ratio read outside 2x of 1 / (1 - waiting share) in 2 of 3
+    runs): then an answer that differs is shown with the reason, not failed."""
     measured = runs.ratio("samples_per_sec", "pre-loaded tensors (ceiling)")
-    if answer is None or others.quiet or math.isclose(answer, measured, rel_tol=0.5):
-        check(answer, measured, rel_tol=0.5, hint=CEILING_HINT)
+    try:
+        near = answer is None or math.isclose(float(answer), measured, rel_tol=CEILING_TOLERANCE)
+    except (TypeError, ValueError, OverflowError):
+        near = True  # no single number: check() refuses it in one line
+    if near or others.quiet:
+        check(answer, measured, rel_tol=CEILING_TOLERANCE, hint=CEILING_HINT)
     else:
         print(f"measured {measured:.2f}x, you predicted {answer:.2f}x; not checked: {others} (rerun on a quiet machine)")
         record(answer, measured, verdict=f"not checked: {others}")
@@ -330,37 +351,47 @@ def _verdict(ratio: float, *, gain: float = 1.1) -> str:
 
 
 def claims_rows(baseline: Any, workers: Any, ceiling: Any, *, cores: int, capacity: float, others: Any,
-                dali_ratio: float | None = None, dali_device: str = "cpu") -> list[tuple[str, str, str, str]]:
+                dali_rates: dict[str, float] | None = None, dali_device: str = "cpu") -> list[tuple[Any, ...]]:
     """The notebook's claims, read from its runs (rows for `wb.claims`). Asserts the one
     timing that is a property of the machine: with two free cores (`capacity`, measured by
     `parallel_speedup`; `others`, by `other_work`) and an input-bound loop, two workers must
-    raise samples/s (measured 1.24-1.46x here on quiet cores, AVX2-capped or not)."""
+    raise samples/s (measured 1.24-1.46x here on quiet cores, AVX2-capped or not).
+    `dali_rates`: loader name -> samples/s from `time_epochs`, DALI's and the DataLoaders'; DALI
+    is held against the fastest DataLoader measured (the fair baseline, evidence.speed)."""
     gain = workers.samples_per_sec / baseline.samples_per_sec
     headroom = ceiling.samples_per_sec / baseline.samples_per_sec
     wait = baseline.data_wait_fraction or 0.0
     free = cores >= 2 and capacity >= 1.5 and others.quiet
     if free and wait > 0.5 and gain <= 1.1:
         raise AssertionError(f"2 workers gave {gain:.2f}x on free cores with an input-bound loop; expected > 1.1x")
-    why = "" if free else f"; not asserted: {others}, {capacity:.1f}x parallel capacity free (rerun on a quiet machine)"
+    busy = "" if free else f"{others}, {capacity:.1f}x parallel capacity free"
     seeds = "seed 004 §5.1, seed 003 §5.1 (docs/SOURCES.md)"
     rows = [
         ("`num_workers` speeds up data loading", seeds,
          f"2 workers vs 0: {gain:.2f}x the samples/s on {cores} core(s); waiting for data {wait:.0%} -> "
-         f"{workers.data_wait_fraction or 0:.0%} of a step", f"{_verdict(gain)}: measured in one session{why}"),
+         f"{workers.data_wait_fraction or 0:.0%} of a step", f"{_verdict(gain)}: measured in one session",
+         evidence.speed(gain, 1.1, free_core=free, why_busy=busy)),
         ("a faster loader helps only an input-bound loop", "DALI's maintainers (NVIDIA/DALI#892)",
          f"the same model on pre-loaded tensors (the ceiling): {headroom:.1f}x the 0-worker samples/s; the "
-         f"baseline waits {wait:.0%} of each step", "holds: no loader can lift the loop above its ceiling"),
+         f"baseline waits {wait:.0%} of each step", "holds: no loader can lift the loop above its ceiling",
+         evidence.speed(headroom, 1.0, free_core=free, why_busy=busy)),
         ("`pin_memory` speeds up the copy to the GPU", "seeds 003, 004",
          "no GPU here: nothing to copy" if not torch.cuda.is_available() else "see the optional sweep's pinned run",
          "not shown here: a CUDA-only effect" if not torch.cuda.is_available() else "not shown here: optional sweep"),
     ]
-    if dali_ratio is None:
+    loaders = {name: rate for name, rate in (dali_rates or {}).items() if not name.startswith("DALI")}
+    dali = {name: rate for name, rate in (dali_rates or {}).items() if name.startswith("DALI")}
+    if not dali or not loaders:
         rows.append(("DALI accelerates image preprocessing", "seed 004 §5.2", "DALI is not installed",
                      f"not shown here: {INSTALL_COMMAND}"))
     else:
+        fair = max(loaders, key=loaders.get)  # the fastest DataLoader measured: the fair baseline
+        ratio = next(iter(dali.values())) / loaders[fair]
         rows.append(("DALI accelerates image preprocessing", "seed 004 §5.2",
-                     f"DALI ({dali_device}), loader alone: {dali_ratio:.1f}x the samples/s of a 0-worker DataLoader "
-                     f"on the same files and work", f"{_verdict(dali_ratio)}: measured in one session"))
+                     f"DALI ({dali_device}), loader alone: {ratio:.1f}x the samples/s of the fastest DataLoader "
+                     f"measured ({fair}) on the same files and work", f"{_verdict(ratio)}: measured in one session",
+                     evidence.speed(ratio, 1.1, free_core=None,
+                                    others={name: rate / loaders[fair] for name, rate in loaders.items()})))
     return rows
 
 

@@ -3,7 +3,8 @@
 Each answered exercise check (`wb.check`, a lesson's `check_...`) appends one row, a JSON
 object on one line, to the learner's ledger: `~/.workbench/ledger.jsonl`, or the file named by
 WORKBENCH_LEDGER. A learner who has not answered (None) records nothing; a ledger that cannot
-be written costs one warning line, never the exercise.
+be written costs one warning line, never the exercise; a line that is not a row is skipped and
+counted (the file's side, where it lies and how it is read and written: lessons/ledger_file.py).
 
 A row (the format `wb.share` sends to the teacher; `room_calibration` reads a list of them):
 
@@ -35,7 +36,6 @@ from __future__ import annotations
 
 import datetime
 import html
-import json
 import linecache
 import math
 import os
@@ -48,18 +48,16 @@ from pathlib import Path
 from typing import Any
 
 from workbench.core.report import Report, format_bytes
+from workbench.lessons.ledger_file import (UNITS, LedgerRead, LedgerRefused, _finite, append_row, ledger_path,
+                                          read_ledger, read_rows, valid_row)
 
-UNITS = {"ratio": "x", "bytes": "B", "count": "", "seconds": "s", "choice": ""}
+__all__ = ["UNITS", "LedgerRead", "LedgerRefused", "ledger_path", "read_ledger", "read_rows", "valid_row", "record",
+           "calibration", "Calibration", "room_calibration", "RoomCalibration", "kind_of", "ratio", "direction"]
+
 PLURAL = {"ratio": "ratios", "bytes": "byte counts", "count": "counts", "seconds": "times"}
 ABOUT_RIGHT = 1.05  # a prediction within 5% of the measurement is neither over nor under
 SESSION = f"{os.getpid()}-{datetime.datetime.now(datetime.timezone.utc):%Y%m%dT%H%M%S}"
 _PACKAGE = str(Path(__file__).resolve().parents[1]) + os.sep
-_warned: set[str] = set()
-
-
-def ledger_path() -> Path:
-    """Where this learner's rows go: WORKBENCH_LEDGER, else ~/.workbench/ledger.jsonl."""
-    return Path(os.environ.get("WORKBENCH_LEDGER") or Path.home() / ".workbench" / "ledger.jsonl")
 
 
 def notebook_name() -> str | None:
@@ -93,15 +91,24 @@ def kind_of(predicted: Any, measured: Any) -> str:
 
 
 def _plain(value: Any) -> Any:
-    """A JSON-able number or string (a numpy or torch scalar becomes a float)."""
-    if isinstance(value, (str, bool, int, float)) or value is None:
+    """A JSON-able number or string (a numpy or torch scalar becomes a float). What JSON or a
+    later float cannot hold (nan, inf, an integer past float's range, an array) becomes text."""
+    if hasattr(value, "item") and not isinstance(value, (str, bool, int, float)):
+        try:  # a numpy or torch scalar (or one-element array): its Python int or float
+            value = value.item()
+        except (ValueError, RuntimeError):
+            return str(value)[:200]
+    if isinstance(value, str):
+        return value[:200]
+    if isinstance(value, bool) or value is None:
         return value
-    if hasattr(value, "item"):  # a numpy or torch scalar: its Python int or float
-        return value.item()
+    if isinstance(value, int):
+        return value if value.bit_length() <= 1000 else f"a whole number of {value.bit_length()} bits"
     try:
-        return float(value)
-    except (TypeError, ValueError):
-        return str(value)
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return str(value)[:200]
+    return number if math.isfinite(number) else repr(number)
 
 
 def record(predicted: Any, measured: Any, *, verdict: str, kind: str | None = None, unit: str | None = None,
@@ -118,44 +125,17 @@ def record(predicted: Any, measured: Any, *, verdict: str, kind: str | None = No
            "predicted": predicted, "measured": measured, "kind": kind, "unit": UNITS.get(kind, "") if unit is None else unit,
            "verdict": verdict, "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "session": SESSION}
-    path = "the ledger"
-    try:
-        path = ledger_path()  # inside: Path.home() raises where no home can be found
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # One write() of one whole line to a file opened with O_APPEND: each write lands at the
-        # file's end, so two kernels appending at once (a learner's two notebooks) add whole lines.
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, (json.dumps(row, default=str) + "\n").encode())
-        finally:
-            os.close(fd)
-    except (OSError, RuntimeError) as error:
-        if str(path) not in _warned:
-            _warned.add(str(path))
-            print(f"prediction ledger: could not write {path} ({getattr(error, 'strerror', None) or error}); "
-                  "the exercise is unaffected (set WORKBENCH_LEDGER to a writable file)", file=sys.stderr)
+    append_row(row)
     return row
 
 
-def read_rows(path: str | os.PathLike | None = None) -> list[dict[str, Any]]:
-    """The ledger's rows, oldest first; a missing file has none, a line cut short is skipped."""
-    path = Path(path) if path is not None else ledger_path()
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
-
-
 def ratio(row: dict[str, Any]) -> float | None:
-    """predicted / measured for a numeric row with both above zero, else None."""
+    """predicted / measured for a numeric row with both finite and above zero, else None."""
     p, m = row.get("predicted"), row.get("measured")
-    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (p, m))
-    return p / m if numeric and row.get("kind") != "choice" and p > 0 and m > 0 else None
+    if row.get("kind") == "choice" or not (_finite(p) and _finite(m)) or p <= 0 or m <= 0:
+        return None
+    r = float(p) / float(m)
+    return r if math.isfinite(r) and r > 0 else None
 
 
 def direction(r: float | None) -> str:
@@ -185,6 +165,10 @@ class Calibration(Report):
 
     checked: tuple[dict[str, Any], ...]
     notebook: str | None = None
+    skipped: int = 0
+    """Lines or rows that were not prediction rows (unreadable, a bare number, a missing key): not shown."""
+    refused: str = ""
+    """Why the ledger itself was not read (not a regular file, no home folder): one line; '' if it was."""
     header = ("notebook", "exercise", "predicted", "measured", "predicted / measured", "verdict")
 
     def rows(self) -> Sequence[Sequence[Any]]:
@@ -217,7 +201,12 @@ class Calibration(Report):
             close = sum(direction(ratio(row)) == "about right" for row in mine)
             if close:
                 lines.append(f"{PLURAL.get(kind, kind)}: {close} of {len(mine)} within 5% of the measurement")
-        return lines or ["no predictions recorded yet: answer an exercise, then run its checking cell"]
+        if not lines:
+            lines = [self.refused or "no predictions recorded yet: answer an exercise, then run its checking cell"]
+        if self.skipped:
+            lines.append(f"skipped {self.skipped} line{'s' * (self.skipped != 1)} of the ledger that "
+                         f"{'are' if self.skipped != 1 else 'is'} not a prediction row (unreadable, or not written by the workbench)")
+        return lines
 
     def caption(self) -> str:
         n = len(self.checked)
@@ -237,11 +226,25 @@ def calibration(notebook: str | None = None, *, rows: Sequence[dict[str, Any]] |
     Example:
         >>> wb.calibration("00_tour")  # doctest: +SKIP
     """
-    rows = list(read_rows() if rows is None else rows)
+    if notebook is not None and not isinstance(notebook, str):
+        raise TypeError(f"calibration(notebook={notebook!r}): give the notebook's name as text, e.g. \"00_tour\", or leave it out")
+    refused, skipped = "", 0
+    if rows is None:
+        try:
+            read = read_ledger()
+            rows, skipped = read.rows, read.skipped
+        except LedgerRefused as error:
+            rows, refused = [], str(error)
+    elif isinstance(rows, (str, bytes, dict)) or not hasattr(rows, "__iter__"):
+        raise TypeError(f"calibration(rows=...) takes a list of ledger rows (dicts), not {type(rows).__name__}")
+    else:
+        given = list(rows)
+        rows = [row for row in given if valid_row(row)]
+        skipped = len(given) - len(rows)
     if notebook is not None:
         rows = [dict(row, notebook=notebook) for row in rows if row.get("notebook") == notebook
                 or row.get("notebook") is None and row.get("session") == SESSION]
-    return Calibration(tuple(rows), notebook)
+    return Calibration(tuple(rows), notebook, skipped=skipped, refused=refused)
 
 
 @dataclass(frozen=True, repr=False)

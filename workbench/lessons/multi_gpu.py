@@ -1,11 +1,18 @@
 """Notebook 06: accelerate's `notebook_launcher` as a busy machine needs it, and the checks its cells call.
 
 `notebook_launcher(fn, args, num_processes)` forks this process and returns nothing.
-`launch_attempts()` yields tries of a launch the notebook writes itself, each with a queue the
-children report on (`attempt.reporting(fn)`), a free port and a bound on a hang. The hang is real:
-on the 2-core CI machine under load a forked child sat 14 minutes in glibc's resolver lock (reached
-from torch's TCPStore connect), held by another thread of the parent at the instant of the fork: a
-fork copies the lock, never its release. `notebook_launch(fn, *args)` is that loop in one call.
+`bounded_launch()` wraps one launch the notebook writes itself: a queue the children report on
+(`launch.reporting(fn)`), a free port, and a bound on a hang (the children are stopped and
+`LaunchHung` says so; nothing is tried again). `notebook_launch(fn, *args)` is that in one call.
+
+Why a forked child could hang, and what `reporting` does about it: the launcher (torch's elastic
+agent, in this process) hosts the rendezvous store, whose server thread does a reverse name lookup
+(glibc's resolver) for every process that connects. A child forked while that lookup runs copies
+the resolver's lock held, never its release, and waits on it forever in its own connect (seen
+once for 14 minutes on the loaded 2-core CI machine). The agent's own connection is looked up
+before it forks (its next store request waits behind that lookup on the server's one thread), so
+the lookups that can overlap a fork are the children's: `reporting(fn)` makes each child wait until
+all its siblings exist before `fn` (and its Accelerator's connect) runs.
 """
 
 from __future__ import annotations
@@ -15,15 +22,15 @@ import multiprocessing
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 
-__all__ = ["LaunchHung", "launch_attempts", "notebook_launch", "check_worlds", "same_curve", "check_same_curve"]
+__all__ = ["LaunchHung", "bounded_launch", "notebook_launch", "check_worlds", "same_curve", "check_same_curve"]
 
 
 class LaunchHung(RuntimeError):
-    """Every try of a notebook_launcher launch hung past its timeout."""
+    """A notebook_launcher launch that did not finish within its timeout; its children were stopped."""
 
 
 def _children() -> set[int]:
@@ -38,28 +45,43 @@ def _stop_children(keep: set[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-class Attempt:
-    """One try of a launch: `with attempt:` around `notebook_launcher(...)` stops its children
-    after `timeout_s` and marks it hung (the exception the stopped launch raises is swallowed)."""
+class BoundedLaunch:
+    """One launch: `with bounded_launch(...) as launch:` around `notebook_launcher(...)` stops its
+    children after `timeout_s` and raises `LaunchHung` (the stopped launch's own error is its cause)."""
 
     def __init__(self, timeout_s: float, num_processes: int) -> None:
         from workbench.engine.launch import free_port
-        self.timeout_s, self.hung = timeout_s, False
-        self.returns = multiprocessing.get_context("fork").SimpleQueue()  # shared with the forked children
+
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < float("inf"):
+            raise ValueError(f"timeout_s={timeout_s!r} must be a positive number of seconds; pass e.g. timeout_s=60")
+        if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1:
+            raise ValueError(f"num_processes={num_processes!r} must be a whole number >= 1; pass e.g. num_processes=2")
+        self.timeout_s, self.num_processes, self.hung = timeout_s, num_processes, False
+        fork = multiprocessing.get_context("fork")
+        self.returns = fork.SimpleQueue()  # shared with the forked children
+        self._all_forked = fork.Barrier(num_processes)
         self.port = str(free_port())  # not accelerate's default 29500: other jobs here may hold it
         self._threads = max(1, (os.cpu_count() or 1) // num_processes)
 
-    def reporting(self, fn: Callable[..., Any]) -> Callable[..., None]:  # fn, its return value put on the queue
+    def reporting(self, fn: Callable[..., Any]) -> Callable[..., None]:
+        """`fn` as each child runs it: once every sibling is forked (so no connection reaches the
+        store while the launcher forks), its return value put on the queue."""
         def child(*args: Any) -> None:
+            self._all_forked.wait(timeout=self.timeout_s)
             self.returns.put(fn(*args))
         return child
 
-    def collect(self, num_processes: int) -> list[Any]:  # what each child returned, in the order they finished
-        return [self.returns.get() for _ in range(num_processes)]
+    def collect(self) -> list[Any]:  # what each child returned, in the order they finished
+        return [self.returns.get() for _ in range(self.num_processes)]
 
-    def __enter__(self) -> Attempt:
+    def __enter__(self) -> BoundedLaunch:
         from accelerate.utils import patch_environment
 
+        from workbench.engine.accelerator import reset_accelerate_state
+
+        # notebook_launcher refuses to start once a cell made an Accelerator (wb.run does);
+        # the children make their own.
+        reset_accelerate_state(keep_process_group=False)
         self._fired, older = threading.Event(), _children()
         self._timer = threading.Timer(self.timeout_s, lambda: (self._fired.set(), _stop_children(older)))
         self._timer.daemon = True
@@ -70,41 +92,29 @@ class Attempt:
         self._env.__enter__()
         return self
 
-    def __exit__(self, kind: Any, error: Any, traceback: Any) -> bool:
+    def __exit__(self, kind: Any, error: Any, traceback: Any) -> None:
         self._timer.cancel()
         self._env.__exit__(None, None, None)
         self.hung = self._fired.is_set()
-        return self.hung
+        if self.hung:
+            raise LaunchHung(f"notebook_launcher did not finish within {self.timeout_s:g} s: its processes were "
+                             "stopped; run the cell again, or raise timeout_s on a busy machine") from error
 
 
-def launch_attempts(*, timeout_s: float = 60.0, retries: int = 1, num_processes: int = 2) -> Iterator[Attempt]:
-    """Tries of a launch, until one does not hang (at most `retries` + 1); raises LaunchHung
-    when every one did. Forgets this process's accelerate state first: notebook_launcher refuses
-    to start once a cell made an Accelerator (wb.run does), and the children make their own."""
-    from workbench.engine.accelerator import reset_accelerate_state
-
-    reset_accelerate_state(keep_process_group=False)
-    for number in range(retries + 1):
-        attempt = Attempt(timeout_s, num_processes)
-        yield attempt
-        if not attempt.hung:
-            return
-        print(f"launch {number + 1} hung for {timeout_s:g} s (pid {os.getpid()}'s children stopped)"
-              + ("; trying again" if number < retries else ""), flush=True)
-    raise LaunchHung(f"notebook_launcher hung {retries + 1} times for {timeout_s:g} s each")
+def bounded_launch(*, timeout_s: float = 60.0, num_processes: int = 2) -> BoundedLaunch:
+    """One notebook_launcher launch, its hang bounded by `timeout_s` (see BoundedLaunch)."""
+    return BoundedLaunch(timeout_s, num_processes)
 
 
-def notebook_launch(fn: Callable[..., Any], *args: Any, num_processes: int = 2, timeout_s: float = 60.0,
-                    retries: int = 1) -> list[Any]:
+def notebook_launch(fn: Callable[..., Any], *args: Any, num_processes: int = 2, timeout_s: float = 60.0) -> list[Any]:
     """Run `fn(*args)` in `num_processes` processes with accelerate's `notebook_launcher` (fork)
-    and return what each returned, in the order they finished; a hung launch is stopped after
-    `timeout_s` and tried again, up to `retries` more times."""
+    and return what each returned, in the order they finished; a launch still running after
+    `timeout_s` is stopped and raises `LaunchHung`."""
     from accelerate import notebook_launcher
 
-    for attempt in launch_attempts(timeout_s=timeout_s, retries=retries, num_processes=num_processes):
-        with attempt:
-            notebook_launcher(attempt.reporting(fn), args=args, num_processes=num_processes, use_port=attempt.port)
-    return attempt.collect(num_processes)
+    with bounded_launch(timeout_s=timeout_s, num_processes=num_processes) as launch:
+        notebook_launcher(launch.reporting(fn), args=args, num_processes=num_processes, use_port=launch.port)
+    return launch.collect()
 
 
 def check_worlds(worlds: dict[bool, list[tuple[int, int]]], num_processes: int = 2) -> None:

@@ -340,21 +340,11 @@ def _parts(config: Any) -> tuple[Any, nn.Module, Iterator[dict]]:
     return c, model, batches()
 
 
-def launch(fn: Any, *args: Any, num_processes: int = 2, timeout_s: float = 90.0, retries: int = 2) -> list[Any]:
-    """`wb.launch_function(fn, *args, num_processes=..., device="cpu")`, tried again when it hangs.
+def launch(fn: Any, *args: Any, num_processes: int = 2, timeout_s: float = 120.0) -> list[Any]:
+    """`wb.launch_function(fn, *args, num_processes=..., device="cpu", timeout_s=...)`: `fn` in
+    `num_processes` connected CPU processes (gloo), their return values; a launch still running
+    after `timeout_s` is stopped and raises. (The children come from a fork server that holds no
+    thread, so none inherits a held lock: engine/processes.py.)"""
+    from workbench.engine.launch import launch_function
 
-    A forked child can inherit a lock another thread of the notebook held at the instant of the
-    fork and wait on it forever (06: glibc's resolver lock, reached from the rendezvous). Measured
-    here: 1 of 10 launches hung (a child asleep on a futex for 9 minutes, load 6 on 2 cores). A hung
-    launch is stopped after `timeout_s` and started again, at most `retries` times; a child that
-    raises is not retried."""
-    from workbench.engine.launch import LaunchError, launch_function
-
-    for attempt in range(retries + 1):
-        try:
-            return launch_function(fn, *args, num_processes=num_processes, device="cpu", timeout_s=timeout_s)
-        except LaunchError as error:
-            if not str(error).startswith("timed out") or attempt == retries:
-                raise
-            print(f"launch {attempt + 1} hung for {timeout_s:g} s: its children were stopped; launching again")
-    raise AssertionError("unreachable")
+    return launch_function(fn, *args, num_processes=num_processes, device="cpu", timeout_s=timeout_s)

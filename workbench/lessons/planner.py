@@ -29,12 +29,15 @@ from workbench.core.config import RunConfig
 from workbench.core.report import Report, format_bytes
 from workbench.planner.estimate import accelerate_estimate, estimate
 from workbench.planner.planning import Plan, Plans, Target, explain
+import contextlib
 import gc
 from typing import NamedTuple
 import torch
 from workbench.core import hardware
 from workbench.core.hardware import precision_here
-from workbench.measure.live import CUDA_BLOCK_BYTES, LiveTensors
+from workbench.measure.live import CUDA_BLOCK_BYTES, LiveTensors, op_name
+from workbench.measure.snapshot import Lifetime, MemorySnapshot, build_snapshot, cuda_history, frame
+from workbench.planner.snapshot import predicted_snapshot
 from workbench.measure.records import RunEnd, RunStart, StepRecord
 
 
@@ -237,9 +240,9 @@ class _PeakPerStep:
         pass
 
 
-def measure_step_peak(config: RunConfig, *, steps: int = 3) -> StepPeaks:
-    """Run `config` for `steps` optimizer steps (logging every step, no evaluation) and
-    return each step's peak. The data set is loaded first, outside the tracking."""
+def _tracked_run(config: RunConfig, steps: int, live: LiveTensors | None, sink: Any, name: str) -> RunConfig:
+    """Run `config` for `steps` optimizer steps (logging every step, no evaluation) under `live`
+    (None: untracked), `sink` hearing every step. The data set is loaded first, outside it."""
     from workbench.core.data import load_data
     from workbench.engine.train import run
 
@@ -251,21 +254,33 @@ def measure_step_peak(config: RunConfig, *, steps: int = 3) -> StepPeaks:
     # made here, outside the tracking, so the first run in a process is measured like any other
     # (inside it, the tracker kept the probe's 2 MiB on its books for the whole run).
     hardware.peak_flops(hardware.resolve_device(cfg.device), cfg.precision)
-    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    live = LiveTensors(round_to=CUDA_BLOCK_BYTES if cuda else 1)
-    sink = _PeakPerStep(live, cuda)
     # Collection held off: tensors are then freed by reference counts alone, as in the replay
     # (a collection landing mid-step at a moment that depends on the whole process's history
     # could only free cyclic garbage earlier; a step makes none, so the peak is the same).
     gc.collect()
     gc.disable()
     try:
-        with live:
-            result = run(cfg, sinks=[sink], name="peak check")
+        with live if live is not None else contextlib.nullcontext():
+            result = run(cfg, sinks=[sink], name=name)
     finally:
         gc.enable()
     if result.status != "ok":
         raise RuntimeError(f"the run ended {result.status}: {result.message}")
+    return cfg
+
+
+def _on_cuda(config: RunConfig) -> bool:
+    device = config.resolved().device
+    return device == "cuda" or (device == "auto" and torch.cuda.is_available())
+
+
+def measure_step_peak(config: RunConfig, *, steps: int = 3) -> StepPeaks:
+    """Run `config` for `steps` optimizer steps (logging every step, no evaluation) and
+    return each step's peak. The data set is loaded first, outside the tracking."""
+    cuda = _on_cuda(config)
+    live = LiveTensors(round_to=CUDA_BLOCK_BYTES if cuda else 1)
+    sink = _PeakPerStep(live, cuda)
+    _tracked_run(config, steps, live, sink, "peak check")
     return StepPeaks(sink.tensor, sink.allocator if cuda else None, "cuda" if cuda else "cpu")
 
 
@@ -299,3 +314,68 @@ def check_peak(config: RunConfig, *, steps: int = 3) -> PeakCheck:
     peaks = measure_step_peak(config, steps=steps)
     predicted = estimate(config, device=peaks.device).peak_bytes
     return PeakCheck(predicted, peaks.steady_bytes, max(peaks.tensor_bytes[1:]), peaks.device)
+
+
+__all__ += ["measured_snapshot", "predicted_snapshot", "snapshot_figure"]
+
+
+class _StepRecord:
+    """A sink that records optimizer step `at` of a run for a snapshot: on a GPU the CUDA
+    allocator's own record (started at step at-1's log, taken at step at's); on a CPU it marks
+    the tensor tracker's clock at every log step."""
+
+    def __init__(self, live: LiveTensors | None, at: int) -> None:
+        self.live, self.at = live, at
+        self.recording = contextlib.ExitStack()
+        self.taken: dict[str, Any] = {}
+
+    def start(self, record: RunStart) -> None:
+        pass
+
+    def log(self, record: StepRecord) -> None:
+        if self.live is not None:
+            self.live.mark(f"step {record.step}")
+        elif record.step == self.at - 1:
+            self.taken = self.recording.enter_context(cuda_history())
+        elif record.step == self.at:
+            self.recording.close()  # takes torch.cuda.memory._snapshot(), then stops the record
+
+    def end(self, record: RunEnd) -> None:
+        self.recording.close()  # a run that ended early stops the record too
+
+
+def measured_snapshot(config: RunConfig, *, steps: int = 3) -> MemorySnapshot:
+    """Run `config` for `steps` steps and return its last step as a memory snapshot, measured.
+
+    On a GPU: the CUDA caching allocator's record of that step (`torch.cuda.memory.
+    _record_memory_history`, then `_snapshot()`), what memory_viz is made for. On a CPU, which has
+    no such record: every tensor storage the step made and freed, tracked one by one
+    (`LiveTensors`), in the same format; tensors only, exact bytes, no allocator.
+    """
+    if _on_cuda(config):
+        sink = _StepRecord(None, steps)
+        _tracked_run(config, steps, None, sink, "snapshot")
+        if "snapshot" not in sink.taken:
+            raise RuntimeError(f"the CUDA record of step {steps} was not taken: did the run reach it?")
+        return MemorySnapshot(sink.taken["snapshot"], f"measured: the CUDA caching allocator's record of step {steps} "
+                                                      "(torch.cuda.memory._record_memory_history); its blocks from "
+                                                      "before the record are all this process holds on the GPU")
+    live = LiveTensors(levels=True)
+    _tracked_run(config, steps, live, _StepRecord(live, steps), "snapshot")
+    clock = {label: at for label, _, _, at in live.marks}
+
+    def made(born: int) -> tuple[dict[str, Any], ...]:
+        return (frame(f"step {steps} on this CPU", op_name(live.made_by.get(born)) or "(made before tracking)"),)
+
+    lifetimes = [Lifetime(born, freed, size, size, made(born)) for born, size, freed in live.released]
+    lifetimes += [Lifetime(live._born[key], None, size, size, made(live._born[key])) for key, size in live._live.items()]
+    data = build_snapshot(lifetimes, start=clock[f"step {steps - 1}"], stop=clock[f"step {steps}"])
+    return MemorySnapshot(data, f"measured: the tensors step {steps} made on this CPU, tracked one by one "
+                                "(LiveTensors; a CPU has no allocator record)")
+
+
+def snapshot_figure(predicted: MemorySnapshot, measured: MemorySnapshot) -> Any:
+    """The two timelines side by side (what memory_viz's Active Memory Timeline stacks)."""
+    from workbench.views.figures_memory import snapshot_timelines
+
+    return snapshot_timelines({"predicted": predicted, "measured": measured})

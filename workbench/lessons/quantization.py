@@ -71,6 +71,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from workbench.core.report import Results, Table, format_bytes
+from workbench.lessons import evidence
 from workbench.measure.contention import interleaved_speedup
 from workbench.views.figures_memory import weight_grid  # noqa: F401
 
@@ -489,9 +490,19 @@ def compare_quantized(results: Sequence[QuantResult]) -> QuantComparison:
     return QuantComparison(results)
 
 
+def _accuracy_evidence(base: QuantResult, arms: Sequence[QuantResult], chance: float | None, effect: float) -> Any:
+    """evidence.accuracy on the examples both were scored on: the paired standard error from the
+    share of examples on which exactly one of the two was right (McNemar's discordant pairs)."""
+    n = min(r.samples for r in arms)
+    discordant = max((base.correct[:n] != r.correct[:n]).float().mean().item() for r in arms) \
+        if base.correct is not None and all(r.correct is not None for r in arms) else None
+    return evidence.accuracy(base.accuracy, [r.accuracy for r in arms], samples=n, chance=chance, effect=effect,
+                             disagree=discordant)
+
+
 def claims_rows(fp32: QuantResult, dynamic: QuantResult, static: QuantResult, ptq: QuantResult, qat: QuantResult,
-                speeds: dict[str, Any], *, minilm: Sequence[QuantResult] = (),
-                trained: bool = True) -> list[tuple[str, str, str, str]]:
+                speeds: dict[str, Any], *, minilm: Sequence[QuantResult] = (), trained: bool = True,
+                chance: dict[str, float] | None = None) -> list[tuple[Any, ...]]:
     """The notebook's claims, read from its measurements (rows for `wb.claims`).
 
     `speeds`: model name -> `interleaved_speedup` of torch.ao's dynamic INT8 against fp32.
@@ -501,6 +512,7 @@ def claims_rows(fp32: QuantResult, dynamic: QuantResult, static: QuantResult, pt
     (`trained`; a capped run's answers sit on the decision boundary, where rounding flips them).
     """
     seed = "seed 004 §3 (docs/SOURCES.md)"
+    chance = chance or {}  # unknown chance: the accuracy rows say their evidence is short
     kernels, vnni = int8_kernels(), int8_speedup_expected("cpu")
     presented = presented_note()  # a CPU class presented for a test: the int8 kernels timed are not its own
     for name, s in speeds.items():
@@ -516,7 +528,13 @@ def claims_rows(fp32: QuantResult, dynamic: QuantResult, static: QuantResult, pt
              + ", ".join(f"{n} {r:.2f}x" for n, r in tao),
              f"{speed_verdict}: fp32's speed = 1.00x; int8 kernels "
              f"on {kernels}" + (" (VNNI)" if vnni else " without VNNI, where int8 is not reliably faster")
-             + "; torchao's int8 kernels target GPUs" + (f" ({presented}: not asserted)" if presented else ""))]
+             + (f" ({presented}: not asserted)" if presented else ""),
+             # a presented CPU class times this CPU's kernels, not the class's: no timing is its evidence
+             evidence.speed({} if presented else {n: s.ratio for n, s in speeds.items()}, 1.1,
+                            free_core=not presented and all(s.core.free for s in speeds.values()),
+                            why_busy=f"{presented}: the kernels timed are this CPU's" if presented else
+                            ", ".join(f"{n}: this process had {s.core.share:.0%} of its core(s)"
+                                      for n, s in speeds.items() if not s.core.free)))]
     shrink = f"MLP file {fp32.size_bytes / dynamic.size_bytes:.2f}x smaller"
     if minilm:
         if minilm[2].linear_weight_bytes * 4 != minilm[0].linear_weight_bytes:
@@ -524,7 +542,7 @@ def claims_rows(fp32: QuantResult, dynamic: QuantResult, static: QuantResult, pt
         shrink += (f"; MiniLM file {minilm[0].size_bytes / minilm[1].size_bytes:.2f}x, its Linear weights "
                    f"{minilm[0].linear_weight_bytes / minilm[2].linear_weight_bytes:.0f}x (embeddings stay fp32)")
     rows.append(("dynamic INT8 shrinks the model", seed, shrink,
-                 "holds: by as much as a model's bytes are Linear weights" if minilm else "holds"))
+                 "holds: by as much as a model's bytes are Linear weights" if minilm else "holds", evidence.count()))
     if minilm:
         loss_tao, loss_ao = (-r.accuracy_change(minilm[0]) * 100 for r in minilm[1:])
         if trained and (loss_tao > 1.5 or loss_ao > 3.0):
@@ -533,17 +551,19 @@ def claims_rows(fp32: QuantResult, dynamic: QuantResult, static: QuantResult, pt
         rows.append(("dynamic INT8 costs ~1-2% accuracy", seed,
                      f"MiniLM, {minilm[0].samples} reviews: torchao {-loss_tao:+.1f} points, torch.ao {-loss_ao:+.1f}",
                      ("holds" if worst <= 2 else "does not hold here") if trained
-                     else "not shown here: a capped run, too short to train the model"))
+                     else "not shown here: a capped run, too short to train the model",
+                     _accuracy_evidence(minilm[0], minilm[1:], chance.get("MiniLM"), 0.01)))
     static_change = static.accuracy_change(fp32) * 100
     rows.append(("static INT8 with calibrated activation ranges keeps accuracy", "Krishnamoorthi 2018",
                  f"MLP, pt2e: {static_change:+.1f} points; {fp32.latency_s / static.latency_s:.2f}x fp32's speed "
                  "in eager mode (reference quantize/dequantize ops)",
-                 "holds" if abs(static_change) <= 1 else "does not hold here"))
+                 "holds" if abs(static_change) <= 1 else "does not hold here",
+                 _accuracy_evidence(fp32, [static], chance.get("MLP"), 0.01)))
     qat_loss = (fp32.accuracy - qat.accuracy) * 100
     if trained and (qat.accuracy < ptq.accuracy or qat_loss > 1):
         raise AssertionError(f"QAT int2 {qat.accuracy:.3f} vs PTQ {ptq.accuracy:.3f}, fp32 {fp32.accuracy:.3f}")
     rows.append(("QAT's accuracy loss is usually under 0.5%", seed,
                  f"MLP at int2 weights: fp32 {fp32.accuracy:.3f}, PTQ {ptq.accuracy:.3f}, QAT {qat.accuracy:.3f}",
                  "holds" if qat_loss <= 0.5 else "holds in part: QAT recovers most of PTQ's loss, within a point"
-                 if qat_loss <= 1 else "does not hold here"))
+                 if qat_loss <= 1 else "does not hold here", _accuracy_evidence(fp32, [qat], chance.get("MLP"), 0.005)))
     return rows

@@ -5,6 +5,8 @@ The learner writes the techniques (`torch.profiler.profile` with `record_functio
 these helpers measure what those lines did:
 
 - `phase_ms(prof, steps)`: the learner's `record_function` ranges, milliseconds per step;
+- `trace_ranges(path)`: the trace `prof.export_chrome_trace(path)` wrote, read back: its named
+  ranges and how often each ran (the file Perfetto opens);
 - `saved_bytes(fn, *args)`: the bytes autograd keeps for backward while `fn` runs (each
   storage once), e.g. explicit attention against SDPA;
 - `optimizer_bench(optimizers)`: `optimizer.step()` alone per optimizer, in alternating rounds,
@@ -40,7 +42,7 @@ from workbench.measure.counters import SavedActivationCounter
 from workbench.measure.probe import max_relative_difference
 from workbench.measure.result import RunResult
 
-__all__ = ["Payback", "GraphBreaks", "OptimizerBench", "compile_problem", "phase_ms", "saved_bytes",
+__all__ = ["Payback", "GraphBreaks", "OptimizerBench", "compile_problem", "phase_ms", "trace_ranges", "saved_bytes",
            "optimizer_bench", "compile_payback", "graph_breaks", "matmul_seconds", "missing_here"]
 
 # Kineto (the profiler's C++ core) writes "USDT: ... profiler_start/profiler_stop" to stderr at every
@@ -73,6 +75,31 @@ def phase_ms(prof: Any, steps: int, names: Sequence[str] = ("forward", "backward
         raise ValueError(f"the profile has no range named {missing}; wrap those lines in "
                          f"torch.profiler.record_function({missing[0]!r})")
     return {n: totals[n] / 1e3 / steps for n in names}
+
+
+def trace_ranges(path: str | os.PathLike, names: Sequence[str] = ("forward", "backward", "optimizer")) -> dict[str, int]:
+    """How many times each named `record_function` range ran, in a trace file: the file
+    `prof.export_chrome_trace(path)` wrote, read back as the Chrome trace format's JSON (a
+    "traceEvents" list; a range is a complete event, "ph" X, of category "user_annotation"; torch
+    adds ranges of its own, such as its optimizers' steps, which `names` leaves out).
+    Raises ValueError, naming the file, when it is not such a trace.
+
+    Example:
+        >>> trace_ranges("runs/08_profile_trace.json")  # doctest: +SKIP
+        {'forward': 5, 'backward': 5, 'optimizer': 5}
+    """
+    import json
+
+    try:
+        events = json.loads(open(path, encoding="utf-8").read())["traceEvents"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"{path} is not a Chrome trace (JSON with a 'traceEvents' list): {error}; "
+                         "write one with prof.export_chrome_trace(path)") from None
+    counts = dict.fromkeys(names, 0)
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "user_annotation" and e.get("name") in counts:
+            counts[e["name"]] += 1
+    return counts
 
 
 def saved_bytes(fn: Callable[..., Any], *args: Any) -> int:

@@ -31,11 +31,17 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["CUDA_BLOCK_BYTES", "LiveTensors"]
+__all__ = ["CUDA_BLOCK_BYTES", "LiveTensors", "op_name"]
 
 CUDA_BLOCK_BYTES = 512
 """The CUDA caching allocator rounds every allocation up to a multiple of 512 bytes (its
 `kMinBlockSize`): what `max_memory_allocated` counts."""
+
+
+def op_name(op: Any) -> str:
+    """aten::mm for the OpOverload aten.mm.default (the name a profiler shows); '' for None."""
+    schema = getattr(op, "_schema", None)
+    return schema.name if schema is not None else str(op or "")
 
 
 class LiveTensors(TorchDispatchMode):
@@ -52,6 +58,9 @@ class LiveTensors(TorchDispatchMode):
         levels: with `levels=True`, live bytes after each new storage, in order.
         marks: (label, index into levels, live bytes then, clock) for each `mark`.
         released: with `levels=True`, (clock when made, bytes, clock when freed) per storage freed.
+        made_by: with `levels=True`, clock when made -> the op that made the storage (an
+            `OpOverload` such as aten.mm.default; None for tensors passed to `add`): what a
+            memory snapshot's frames name.
     """
 
     def __init__(self, *, round_to: int = 1, levels: bool = False) -> None:
@@ -67,6 +76,7 @@ class LiveTensors(TorchDispatchMode):
         self.clock = 0
         self._born: dict[int, int] = {}
         self.released: list[tuple[int, int, int]] = []
+        self.made_by: dict[int, Any] = {}
 
     def _size(self, nbytes: int) -> int:
         r = self.round_to
@@ -77,7 +87,7 @@ class LiveTensors(TorchDispatchMode):
         for t in tensors:
             self._track(t)
 
-    def _track(self, t: torch.Tensor) -> None:
+    def _track(self, t: torch.Tensor, op: Any = None) -> None:
         if t.layout != torch.strided:  # sparse etc.: no single storage to follow
             return
         storage = t.untyped_storage()
@@ -96,7 +106,9 @@ class LiveTensors(TorchDispatchMode):
         if self.levels is not None:
             self.levels.append(self.current_bytes)
             self.clock += 1
-            self._born.setdefault(key, self.clock)
+            if key not in self._born:
+                self._born[key] = self.clock
+                self.made_by[self.clock] = op
 
     def _release(self, key: int) -> None:
         size = self._live.pop(key, 0)
@@ -133,5 +145,5 @@ class LiveTensors(TorchDispatchMode):
                 inputs = set() if fresh else {a.untyped_storage()._cdata for a in tree_flatten((args, kwargs))[0]
                                               if isinstance(a, torch.Tensor) and a.layout == torch.strided}
             if storage._cdata not in inputs or storage._cdata in self._live:
-                self._track(t)
+                self._track(t, func)
         return out

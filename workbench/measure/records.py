@@ -9,6 +9,7 @@ children's records to the parent).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -108,3 +109,17 @@ class Sink(Protocol):
     def log(self, record: StepRecord) -> None: ...
 
     def end(self, record: RunEnd) -> None: ...
+
+
+def checked_sinks(sinks: Any) -> list[Sink]:
+    """`sinks` as a list, each able to hear a run (run() and monitor() check them before starting)."""
+    from workbench.core.arguments import ArgumentError, listed
+
+    if isinstance(sinks, (str, bytes, dict)) or not isinstance(sinks, Iterable):
+        raise ArgumentError(f"sinks must be a list of sinks, got {type(sinks).__name__}; pass e.g. sinks=[TextSink()]")
+    sinks = listed("sinks", sinks, "sinks=[TextSink()]")
+    for i, sink in enumerate(sinks):
+        if missing := [m for m in ("start", "log", "end") if not callable(getattr(sink, m, None))]:
+            raise ArgumentError(f"sinks[{i}] ({type(sink).__name__}) has no {', '.join(missing)} method; a sink needs "
+                                "start(), log() and end() (see workbench.measure.records.Sink)")
+    return sinks

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from workbench.core.arguments import shown
+from workbench.core.errors import ArgumentError
 from workbench.core.config import RunConfig
 from workbench.core.report import Report, Table, counted_rows, format_bytes
 
@@ -177,6 +179,8 @@ def metric(result: RunResult, name: str) -> float | None:
         return getattr(result.memory, name) if result.memory else None
     if name == "final_loss":
         return result.final_loss
+    if not isinstance(name, str) or name.startswith("_") or not hasattr(result, name):
+        raise ArgumentError(f"metric {shown(name)} is not a figure of a run; use one of {', '.join(_COLUMNS)}")
     return getattr(result, name)
 
 

@@ -6,6 +6,7 @@
     fakestep.py   one training step replayed on them (forward, loss, backward, optimizer step)
     fakecuda.py   what a CUDA device does differently (autocast policy, 512-byte blocks, workspaces)
     timeline.py   the step's memory moment by moment (its peak is estimate()'s)
+    snapshot.py   that step as a memory snapshot, the file PyTorch's memory_viz opens (its peak is estimate()'s)
     fit.py        does a config fit this device? (the check run() makes before allocating)
     speed.py      a roofline: the step's time from its FLOPs and bytes
     planning.py   plan(model, target) -> Plan: the switches that fit a memory budget, fastest first

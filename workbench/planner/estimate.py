@@ -41,7 +41,8 @@ from typing import Any
 import torch
 
 from workbench.core import custom
-from workbench.core.config import RunConfig
+from workbench.core.arguments import ArgumentError, shown, whole_number
+from workbench.core.config import RunConfig, run_config
 from workbench.core.data import DATASETS
 from workbench.core.models import MODEL_SPECS
 from workbench.core.precisions import DTYPES
@@ -53,6 +54,7 @@ from workbench.switches import accumulation, attention, checkpointing, sharding,
 __all__ = ["Estimate", "accelerate_estimate", "estimate", "input_spec", "model_key"]
 
 _BYTE_VOCAB = 256  # the byte-level language-modelling data
+MOST_PROCESSES = 2**20  # a sharded plan's ranks: beyond any cluster built
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,8 +160,8 @@ def input_spec(config: RunConfig, *, vocab_size: int | None = None) -> SimpleNam
         info = DATASETS[cfg.data]  # its shape and classes are known without loading it
         return SimpleNamespace(name=cfg.data, task=info.task, input_shape=info.input_shape,
                                num_classes=info.num_classes, vocab_size=None, pad_token_id=None)
-    if vocab_size is not None and vocab_size < 2:
-        raise ValueError(f"vocab_size={vocab_size} must be at least 2; pass e.g. vocab_size=50257")
+    if vocab_size is not None:
+        whole_number("vocab_size", vocab_size, least=2, most=2**31 - 1, example="vocab_size=50257")
     return SimpleNamespace(name=cfg.data, task="language_modeling", input_shape=(cfg.seq_len,),
                            num_classes=None, vocab_size=vocab_size or _BYTE_VOCAB, pad_token_id=None)
 
@@ -199,6 +201,13 @@ def model_key(cfg: RunConfig) -> str | ModuleKey:
 
 def _freeze(dims: dict[str, Any]) -> tuple:
     return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in dims.items()))
+
+
+def model_state(cfg: RunConfig, model: str | ModuleKey, spec_key: tuple, device: str,
+                shard: tuple[int, int] = (1, 0)) -> fakestate.ModelState:
+    """The model state `estimate()` sizes for a resolved config (cached: the same replay)."""
+    return fakestate.model_state(model, spec_key, _freeze(cfg.dims), cfg.optimizer, float(cfg.weight_decay),
+                                 bool(cfg.max_grad_norm), device, trainable.replay_key(cfg), shard)
 
 
 def _peak(sim: fakestep.Simulation, scaled: int, micro_batches: int) -> tuple[int, str, int]:
@@ -252,12 +261,11 @@ def estimate(config: RunConfig, *, vocab_size: int | None = None, device: str | 
     """
     from workbench.core.hardware import gpu_info, resolve_device
 
-    cfg = config.resolved()
+    cfg = run_config(config)
     device = device or resolve_device(cfg.device)
     if device not in ("cpu", "cuda"):
-        raise ValueError(f"device={device!r}: estimate() models 'cpu' or 'cuda'")
-    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
-        raise ValueError(f"processes={processes!r} must be a whole number >= 1; pass e.g. processes=2")
+        raise ArgumentError(f"device={shown(device)}: estimate() models 'cpu' or 'cuda'")
+    whole_number("processes", processes, most=MOST_PROCESSES, example="processes=2")
     if cfg.sharding != "none" and processes < 2:
         raise ValueError(f"sharding={cfg.sharding!r} splits the model state across processes; pass processes=2 or more")
     model = model_key(cfg)
@@ -269,8 +277,7 @@ def estimate(config: RunConfig, *, vocab_size: int | None = None, device: str | 
     group, replayed, scaled = checkpointing.replay_groups(cfg)
     micro_batches = accumulation.replayed_micro_batches(cfg)
     try:
-        state = fakestate.model_state(model, spec_key, dims, cfg.optimizer, float(cfg.weight_decay),
-                                     bool(cfg.max_grad_norm), device, trainable.replay_key(cfg), shard)
+        state = model_state(cfg, model, spec_key, device, shard)
         if cfg.model == "gpt":  # the replayed layers, and how they compute attention
             dims = _freeze({**cfg.dims, "n_layer": replayed, **attention.replay_dims(cfg)})
         sim = fakestep.simulate(model, spec_key, dims, cfg.precision, cfg.activation_checkpointing,

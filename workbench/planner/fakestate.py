@@ -70,6 +70,9 @@ class ModelState(NamedTuple):
     """(FLOPs, bytes, dtype) of each op of that step."""
     trainable_parameter_count: int | None = None
     """Parameters that train (freezing and LoRA leave the rest without gradient and state)."""
+    held_device_bytes: int = 0
+    """The parameters and buffers alone, as the device holds them (resident_bytes less the
+    optimizer state): the two parts a memory snapshot shows (`planner.snapshot`)."""
 
 
 @functools.lru_cache(maxsize=64)
@@ -112,6 +115,7 @@ def model_state(model_name: str, spec_key: tuple, dims: tuple, optimizer: str, w
             group["foreach"] = foreach
         resident, step_bytes, ops = _optimizer_steps(opt, params, [*held, *model.buffers()], clip=clip,
                                                      foreach=foreach, device=device)
+        held_bytes = sum(device_bytes(n, device) for n in _storages([*held, *model.buffers()]).values())
         return ModelState(
             parameter_count=count, parameter_bytes=parameter_bytes(held),
             buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
@@ -119,6 +123,7 @@ def model_state(model_name: str, spec_key: tuple, dims: tuple, optimizer: str, w
             resident_bytes=resident, gradient_device_bytes=sum(device_bytes(p.numel() * p.element_size(), device)
                                                                for p in params),
             optimizer_step_bytes=step_bytes, optimizer_ops=ops, trainable_parameter_count=trained,
+            held_device_bytes=held_bytes,
         )
 
 

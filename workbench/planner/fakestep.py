@@ -50,11 +50,11 @@ from workbench.core.precisions import AUTOCAST_DTYPES
 from workbench.planner.fakecuda import CudaAutocastPolicy, run_backward
 from workbench.planner.fakemodel import fake_mode, sample
 from workbench.planner.fakestate import build
-from workbench.measure.live import CUDA_BLOCK_BYTES, LiveTensors
+from workbench.measure.live import CUDA_BLOCK_BYTES, LiveTensors, op_name
 from workbench.measure.meters import LOSS_WINDOW_SLOTS
 from workbench.switches.checkpointing import set_activation_checkpointing
 
-__all__ = ["Mark", "Simulation", "StepOps", "simulate"]
+__all__ = ["Mark", "Simulation", "StepOps", "Storage", "simulate", "step_storages"]
 
 
 class Mark(NamedTuple):
@@ -119,6 +119,8 @@ class _Raw(NamedTuple):
     ops: tuple[tuple[tuple[int, int, str], ...], ...]
     flops: int
     saved_bytes: int
+    made_by: tuple[str, ...] = ()
+    """The op that made each storage (aten::mm, ...), in the order of `storages`."""
 
     def shape(self) -> tuple:
         """What must agree between two batch sizes for sizes to be read as affine in the batch."""
@@ -138,7 +140,8 @@ class _Raw(NamedTuple):
                    for k, v in self.marks.items()},
             ops=tuple(tuple((line(f, g), line(n, m), d) for (f, n, d), (g, m, _) in zip(a, b, strict=True))
                       for a, b in zip(self.ops, other.ops, strict=True)),
-            flops=line(self.flops, other.flops), saved_bytes=line(self.saved_bytes, other.saved_bytes))
+            flops=line(self.flops, other.flops), saved_bytes=line(self.saved_bytes, other.saved_bytes),
+            made_by=self.made_by)
 
 
 _NEVER = 2**62
@@ -220,6 +223,7 @@ def _replay(model_name: str, spec_key: tuple, dims: tuple, precision: str, check
                 logits, loss, batch_now, ahead, scalars, scale = _held_between_steps(spec_key, batch, precision, device)
                 for micro in range(1, micro_batches + 1):
                     state.micro = micro
+                    mark("fetch")  # where a micro-batch begins (what is made before was held over)
                     counting = micro == 1
                     # fetch: a CPU loader collates the batch after next; a GPU gets a device copy
                     fresh = _inputs(spec_key, batch)
@@ -251,8 +255,10 @@ def _replay(model_name: str, spec_key: tuple, dims: tuple, precision: str, check
         del logits, loss, batch_now, ahead, scalars, scale
         storages = [(born, freed, size) for born, size, freed in live.released]
         storages += [(live._born[key], _NEVER, size) for key, size in live._live.items()]
-        return _Raw(storages=tuple(sorted(storages)), marks=marks, ops=tuple(tuple(c.ops or ()) for c in counters),
-                    flops=flops.total, saved_bytes=saved.bytes)
+        storages.sort()  # by the clock each was made at: no two share one
+        return _Raw(storages=tuple(storages), marks=marks, ops=tuple(tuple(c.ops or ()) for c in counters),
+                    flops=flops.total, saved_bytes=saved.bytes,
+                    made_by=tuple(op_name(live.made_by.get(born)) for born, _, _ in storages))
 
 
 @functools.lru_cache(maxsize=512)
@@ -265,14 +271,44 @@ def simulate(model_name: str, spec_key: tuple, dims: tuple, precision: str, chec
     exactly, and the device's rounding is applied to each. (Checked: when the two replays
     differ in shape, or for 1 sample, the batch itself is replayed.)
     """
+    raw = _raw(model_name, spec_key, dims, precision, checkpointing, batch=batch, device=device, group=group)
+    return _materialise(raw, micro_batches, round_to=CUDA_BLOCK_BYTES if device == "cuda" else 1)
+
+
+def _raw(model_name: str, spec_key: tuple, dims: tuple, precision: str, checkpointing: str, *,
+         batch: int, device: str, group: int) -> _Raw:
+    """The replay at `batch` samples, from the replays at 2 and 3 (see `simulate`)."""
     key = (model_name, spec_key, dims, precision, checkpointing)
     if batch in (2, 3) or batch < 2:
-        raw = _replay(*key, batch=batch, device=device, group=group)
-    else:
-        two, three = (_replay(*key, batch=b, device=device, group=group) for b in (2, 3))
-        raw = (two.at(three, 2, 3, batch) if two.shape() == three.shape()
-               else _replay(*key, batch=batch, device=device, group=group))
-    return _materialise(raw, micro_batches, round_to=CUDA_BLOCK_BYTES if device == "cuda" else 1)
+        return _replay(*key, batch=batch, device=device, group=group)
+    two, three = (_replay(*key, batch=b, device=device, group=group) for b in (2, 3))
+    return (two.at(three, 2, 3, batch) if two.shape() == three.shape()
+            else _replay(*key, batch=batch, device=device, group=group))
+
+
+class Storage(NamedTuple):
+    """One storage of the replayed step: when it was made and freed (LiveTensors' clock), its
+    exact bytes, and the op that made it."""
+
+    born: int
+    freed: int | None
+    """None: still live when the replayed micro-batches end."""
+    nbytes: int
+    op: str
+
+
+def step_storages(model_name: str, spec_key: tuple, dims: tuple, precision: str, checkpointing: str, *,
+                  batch: int, micro_batches: int, device: str) -> tuple[tuple[Storage, ...], dict[str, int]]:
+    """Every storage the replay of the loop's first `micro_batches` (1 or 2) micro-batches makes,
+    the held-over batch and logits included, and the clock of each mark ('forward_end.1', 'backward.1',
+    'end.1', ...): the events a memory snapshot is made of (`planner.snapshot`). Sizes exact (the
+    device's rounding is the caller's); the replay is `simulate`'s, whole (no groups scaled)."""
+    raw = _raw(model_name, spec_key, dims, precision, checkpointing, batch=batch, device=device, group=0)
+    stop = raw.marks[f"end.{micro_batches}"][0]
+    storages = tuple(Storage(born, None if freed > stop else freed, n, op)
+                     for (born, freed, n), op in zip(raw.storages, raw.made_by, strict=True) if born <= stop)
+    marks = {k: v[0] for k, v in raw.marks.items() if int(k.rsplit(".", 1)[1]) <= micro_batches}
+    return storages, marks
 
 
 def _materialise(raw: _Raw, micro_batches: int, *, round_to: int) -> Simulation:

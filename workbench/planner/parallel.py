@@ -4,28 +4,20 @@
 devices (`STRATEGIES`: data parallel, FSDP, tensor parallel, pipeline stages, FSDP x TP on a
 2-D mesh), each rank's peak bytes, its parameter, gradient and optimizer-state bytes, and the
 bytes of every collective (and point-to-point send) one optimizer step calls, by kind. No peer
-is started: torch's fake process group (`torch.testing._internal.distributed.fake_pg`, backend
-"fake") lets this process be rank r of a world of N, where every collective returns at once
-without moving data, while the model lives on the estimator's fake tensors (shapes, no
-storage). The real wrappers then run as they would on rank r (FSDP2 shards and gathers,
-DTensor's TP all-reduces, a pipeline stage sends and receives); the counters the real runs
-use (`measure.live.LiveTensors`, `measure.communication.CollectiveCounter`) read them.
-TP and PP use `switches.parallelize` (the GPT split by tensor and by stage), the same code
-a launched run calls.
+is started: rank r's step is replayed in this process, in a fake world of N ranks, on fake
+tensors, through the real wrappers (`planner.parallel_replay`).
 
-DDP itself cannot be built on fake tensors (its C++ reducer reads their data), so 'dp' is
-replayed with what DDP does: the gradients laid out in buckets of torch's sizes (1 MiB first,
-then 25 MiB: `dist._compute_bucket_assignment_by_size`), each bucket's flat buffer held all
-along, each all-reduced once per step.
+Rank r's figures depend on r only through its share (the rows FSDP2 gives it; its pipeline
+stage), so one replay per distinct share is made: 64 ranks cost a few replays. A plan that
+takes more than a few seconds says so while it runs (`planner.heartbeat`: which replay, how
+many are done and left, the time so far and left). The communication time is a
+bandwidth-only estimate: the bytes a ring sends per rank (`measure.communication.wire_bytes`)
+over the link's bandwidth; no latency, no overlap with compute. The peak is counted as CPU
+processes hold it (tensor bytes, exactly): a GPU's allocator rounding and cuBLAS workspaces,
+which `estimate(device='cuda')` adds, are not added here.
 
-The step replayed is `parallel_step`: forward, loss, backward, the optimizer step, gradients
-set to None; the second of two steps is read (the optimizer state exists). Rank r's figures
-depend on r only through its share (the rows FSDP2 gives it; its pipeline stage), so one
-replay per distinct share is made: 64 ranks cost a few replays. The communication time is a bandwidth-only estimate: the bytes a ring
-sends per rank (`measure.communication.wire_bytes`) over the link's bandwidth; no latency, no
-overlap with compute. The peak is counted as CPU processes hold it (tensor bytes, exactly):
-a GPU's allocator rounding and cuBLAS workspaces, which `estimate(device='cuda')` adds, are
-not added here.
+Every argument is checked before the first replay (`core.arguments`): one line naming it and
+the fix.
 
 Example:
     >>> plans = plan_parallel(RunConfig(model="gpt", preset="cpu-quick"), Cluster(gpus=8, memory_gib=80, link_gbps=100))  # doctest: +SKIP
@@ -34,19 +26,29 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator
 from typing import Any
 
-import torch
 from torch import nn
 
-from workbench.core.config import RunConfig
+from workbench.core.arguments import ArgumentError, instance, names, number, whole_number
+from workbench.core.config import RunConfig, run_config
+from workbench.core.custom import shown_model
 from workbench.core.report import Report, format_bytes
-from workbench.measure.communication import CollectiveCounter, wire_bytes
-from workbench.measure.counters import gradient_bytes, optimizer_state_bytes, parameter_bytes, shard_rows
-from workbench.measure.live import LiveTensors
+from workbench.measure.communication import wire_bytes
+from workbench.measure.counters import shard_rows
+from workbench.planner.fakemodel import cannot_trace
+from workbench.planner.heartbeat import Heartbeat
+from workbench.planner.parallel_replay import (  # noqa: F401 - the replay's parts, as tests and the measured runs call them
+    RankFigures,
+    make_mesh,
+    outside_a_process_group,
+    parallel_step,
+    plain_backward,
+    replay,
+    steady_step,
+    wrap,
+)
 
 __all__ = ["STRATEGIES", "Cluster", "ParallelPlan", "ParallelPlans", "parallel_step", "plan_parallel", "replay"]
 
@@ -60,8 +62,11 @@ mesh, TP within each row of `tp` ranks, FSDP down the columns of N/tp ranks. The
 `batch_size` is what one rank computes on: its own batch (dp, fsdp), its TP group's shared
 batch (tp), the pipeline's whole batch, split into N micro-batches (pp)."""
 
-DDP_BUCKET_BYTES = (1024 * 1024, 25 * 1024 * 1024)
-"""DistributedDataParallel's bucket caps: the first bucket (`dist._DEFAULT_FIRST_BUCKET_BYTES`), then `bucket_cap_mb=25`."""
+MOST_GPUS = 4096
+MOST_GIB = 2**20
+"""A device of more memory than this (1 PiB) is a typo, not a plan."""
+LEAST_GBPS, MOST_GBPS = 0.001, 10**6
+"""A link of less than 1 Mb/s or more than 1 Pb/s is a typo, not a plan."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -73,12 +78,10 @@ class Cluster:
     link_gbps: float
 
     def __post_init__(self) -> None:
-        if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or not 1 <= self.gpus <= 4096:
-            raise ValueError(f"Cluster(gpus={self.gpus!r}) must be a whole number from 1 to 4096; pass e.g. gpus=8")
-        for name in ("memory_gib", "link_gbps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"Cluster({name}={value!r}) must be a positive number; pass e.g. {name}=80")
+        example = "Cluster(gpus=8, memory_gib=80, link_gbps=100)"
+        whole_number("gpus", self.gpus, most=MOST_GPUS, example=example)
+        number("memory_gib", self.memory_gib, most=MOST_GIB, unit=" of GiB", example=example)
+        number("link_gbps", self.link_gbps, least=LEAST_GBPS, most=MOST_GBPS, unit=" of Gb/s", example=example)
 
     @property
     def memory_bytes(self) -> int:
@@ -87,18 +90,6 @@ class Cluster:
     @property
     def link_bytes_per_s(self) -> float:
         return self.link_gbps * 1e9 / 8
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class RankFigures:
-    """One rank's bytes in a steady-state step, and the collectives that step calls."""
-
-    peak_bytes: int
-    parameter_bytes: int
-    gradient_bytes: int
-    optimizer_state_bytes: int
-    collective_bytes: dict[str, int]
-    collective_calls: dict[str, int]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -175,184 +166,6 @@ class ParallelPlans(Report, tuple):
         return "; ".join(x for x in (f"{c.gpus} devices of {c.memory_gib:g} GiB, link {c.link_gbps:g} Gb/s" if c else "", left) if x)
 
 
-def ddp_buckets(model: nn.Module) -> list[torch.Tensor]:
-    """Flat gradient buffers laid out as DDP lays them out (its default caps, reverse order)."""
-    import torch.distributed as dist
-
-    params = [p for p in model.parameters() if p.requires_grad][::-1]
-    buckets, _ = dist._compute_bucket_assignment_by_size(params, list(DDP_BUCKET_BYTES), [False] * len(params))
-    return [torch.zeros(sum(params[i].numel() for i in bucket), dtype=params[bucket[0]].dtype) for bucket in buckets]
-
-
-def make_mesh(strategy: str, processes: int, tp: int) -> Any:
-    """The device mesh `strategy` runs on: 1-D over every process, or ('dp', 'tp') for FSDP x TP."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    if strategy == "fsdp+tp":
-        return init_device_mesh("cpu", (processes // tp, tp), mesh_dim_names=("dp", "tp"))
-    return init_device_mesh("cpu", (processes,))
-
-
-def plain_backward(model: nn.Module, buckets: list[torch.Tensor] = ()) -> Callable[[dict], None]:
-    """Forward, loss and backward of a whole batch; then each of `buckets` all-reduced, as DDP's
-    reducer does with the gradients it copied in (dp)."""
-    import torch.distributed as dist
-
-    from workbench.core.models import loss_fn
-
-    def backward(batch: dict[str, torch.Tensor]) -> None:
-        loss_fn(model(batch["inputs"]), batch["labels"]).backward()
-        for bucket in buckets:
-            dist.all_reduce(bucket)
-
-    return backward
-
-
-def pipeline(model: nn.Module, mesh: Any, cfg: RunConfig) -> tuple[nn.Module, Callable[[dict], None]]:
-    """This rank's pipeline stage (switches.parallelize.pipeline_stages) under GPipe with as many
-    micro-batches as stages; its shapes given up front (no metadata exchanged)."""
-    import torch.distributed as dist
-    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
-
-    from workbench.core.models import loss_fn
-    from workbench.switches.parallelize import pipeline_stages, sync_tied_grads
-
-    stages, rank = mesh.size(), dist.get_rank()
-    stage = pipeline_stages(model, stages, rank)
-    micro, width = cfg.batch_size // stages, model.wte.embedding_dim
-    stream = torch.empty(micro, cfg.seq_len, width, requires_grad=True)  # its gradient flows back
-    inputs = torch.zeros(micro, cfg.seq_len, dtype=torch.long) if stage.first else stream
-    outputs = torch.empty(micro, cfg.seq_len, model.lm_head.out_features) if stage.last else stream
-    schedule = ScheduleGPipe(PipelineStage(stage, rank, stages, torch.device("cpu"), input_args=inputs,
-                                           output_args=outputs), stages, loss_fn=loss_fn)
-    if dist.get_backend() == "fake":
-        _vote_alone(schedule)
-
-    def backward(batch: dict[str, torch.Tensor]) -> None:
-        args = (batch["inputs"],) if stage.first else ()
-        schedule.step(*args, target=batch["labels"] if stage.last else None)
-        sync_tied_grads(stage, stages)
-
-    return stage, backward
-
-
-def _vote_alone(schedule: Any) -> None:
-    """The schedule's first step has the stages vote, over the wire, whether their shapes are known
-    up front, and reads the result's value: a fake peer sends nothing. Every stage here has
-    the same kind of shapes (given, plain tensors), so its own vote is everyone's."""
-    from torch.distributed.pipelining._utils import InferenceMode
-
-    def vote(stages: list, has_backward: bool, p2p_done: bool) -> None:
-        for stage in stages:
-            dynamic = InferenceMode.needs_dynamic(stage._user_meta, has_backward)
-            stage._inference_mode = InferenceMode.DYNAMIC if dynamic else InferenceMode.STATIC
-
-    schedule._warmup_p2p = vote
-
-
-def wrap(model: nn.Module, strategy: str, mesh: Any, cfg: RunConfig) -> tuple[nn.Module, Callable[[dict], None]]:
-    """The model as `strategy` runs it on this rank (what the optimizer holds), and its step's
-    forward and backward. FSDP x TP: blocks split by tensor along a row of the mesh, then
-    sharded down its columns."""
-    from workbench.switches.parallelize import tensor_parallel
-    from workbench.switches.sharding import shard_model
-
-    if strategy == "dp":
-        return model, plain_backward(model, ddp_buckets(model))
-    if strategy == "pp":
-        return pipeline(model, mesh, cfg)
-    two_d = mesh.ndim == 2
-    if "tp" in strategy.split("+"):
-        model = tensor_parallel(model, mesh["tp"] if two_d else mesh)
-    if "fsdp" in strategy.split("+"):
-        model = shard_model(model, mesh=mesh["dp"] if two_d else mesh)
-    return model, plain_backward(model)
-
-
-def parallel_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
-                  backward: Callable[[dict], None]) -> tuple[int, int]:
-    """One training step (`backward`, the optimizer step, gradients set to None); (gradient
-    bytes, optimizer-state bytes) as they stood at the optimizer step."""
-    backward(batch)
-    grads = gradient_bytes(model)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return grads, optimizer_state_bytes(optimizer)
-
-
-Wrapper = Callable[[nn.Module, str, Any, RunConfig], tuple[nn.Module, Callable[[dict], None]]]
-
-
-def steady_step(build: Callable[[], nn.Module], cfg: RunConfig, strategy: str, mesh: Any, batch: Callable[[], dict],
-                wrapper: Wrapper = wrap) -> RankFigures:
-    """Build, wrap and train two steps under the counters; the second step's figures. The
-    measured runs (real tensors, a gloo group) call this too, with DDP itself as `wrapper`."""
-    from workbench.core.optim import make_optimizer
-
-    with LiveTensors() as live:
-        model, backward = wrapper(build(), strategy, mesh, cfg)
-        optimizer = make_optimizer(model, cfg)
-        parallel_step(model, optimizer, batch(), backward)
-        live.reset_peak()
-        with CollectiveCounter() as comm:
-            grads, state = parallel_step(model, optimizer, batch(), backward)
-        return RankFigures(live.peak_bytes, parameter_bytes(model), grads, state, dict(comm.bytes), dict(comm.calls))
-
-
-@contextlib.contextmanager
-def fake_world(strategy: str, processes: int, rank: int, tp: int) -> Iterator[Any]:
-    """This process as rank `rank` of a fake world of `processes`: the strategy's device mesh."""
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if dist.is_initialized():
-        raise RuntimeError("plan_parallel() replays a world of its own; call it outside a launched process")
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=processes)
-    try:
-        with _meshes_on_real_tensors():
-            yield make_mesh(strategy, processes, tp)  # made outside fake mode: it reads its ranks' values
-    finally:
-        from workbench.switches import parallelize
-
-        parallelize._TIED_GROUPS.clear()  # its cached head-and-embedding group died with this world
-        dist.destroy_process_group()
-
-
-@contextlib.contextmanager
-def _meshes_on_real_tensors() -> Iterator[None]:
-    """FSDP2 over a TP model joins the two meshes (`DeviceMesh._concatenate`), indexing a real
-    tensor of ranks, inside the replay's fake mode: there it runs with fake mode set aside."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-    from torch.distributed.device_mesh import DeviceMesh
-
-    join = DeviceMesh._concatenate
-
-    def joined(meshes: list) -> Any:
-        with unset_fake_temporarily():
-            return join(meshes)
-
-    DeviceMesh._concatenate = staticmethod(joined)
-    try:
-        yield
-    finally:
-        DeviceMesh._concatenate = staticmethod(join)
-
-
-def replay(config: RunConfig, strategy: str, processes: int, rank: int = 0, tp: int = 2) -> RankFigures:
-    """Rank `rank`'s figures of `strategy` over `processes`, on fake tensors in a fake world."""
-    from workbench.planner.estimate import _freeze, _spec_key, input_spec, model_key
-    from workbench.planner.fakemodel import fake_mode
-    from workbench.planner.fakestate import build
-    from workbench.planner.fakestep import _inputs
-
-    cfg = config.resolved()
-    key = model_key(cfg)
-    spec = _spec_key(input_spec(cfg), key)
-    with fake_world(strategy, processes, rank, tp) as mesh, fake_mode():
-        return steady_step(lambda: build(key, spec, _freeze(cfg.dims)), cfg, strategy, mesh,
-                           lambda: _inputs(spec, cfg.batch_size))
-
-
 def _rows(config: RunConfig) -> list[int]:
     """The first dimension of every parameter: what FSDP2 splits."""
     from workbench.planner.estimate import _freeze, _spec_key, input_spec, model_key
@@ -390,6 +203,9 @@ def cannot_split(config: RunConfig, strategy: str, processes: int, tp: int) -> s
         return "one device: nothing to split"
     if strategy == "pp":
         return _cannot_pipeline(cfg, processes)
+    if "fsdp" in strategy.split("+") and isinstance(cfg.model, nn.Module):
+        return (f"FSDP is applied to the built-in models block by block (switches.sharding); model="
+                f"{shown_model(cfg.model)} is your own: wrap it with fully_shard yourself")
     if "tp" not in strategy.split("+"):
         return None
     if cfg.model != "gpt":
@@ -415,30 +231,54 @@ def _cannot_pipeline(cfg: RunConfig, processes: int) -> str | None:
     return None
 
 
-def plan_parallel(config: RunConfig, cluster: Cluster, *, strategies: tuple[str, ...] = STRATEGIES,
-                  tp: int = 2) -> ParallelPlans:
+def plan_parallel(config: RunConfig, cluster: Cluster, *,
+                  strategies: tuple[str, ...] | list[str] | set[str] = STRATEGIES, tp: int = 2) -> ParallelPlans:
     """Every strategy over the cluster's `gpus` ranks: each rank's figures, replayed (one replay
     per distinct share of the model), the step's collectives and their bandwidth-only time.
-    `tp`: the tensor-parallel ranks of 'fsdp+tp' (FSDP across the gpus/tp rows). A strategy
-    that cannot split this model over these ranks is left out, its reason in `plans.skipped`."""
-    if not isinstance(cluster, Cluster):
-        raise ValueError(f"cluster={cluster!r} must be a Cluster; pass cluster=wb.Cluster(gpus=8, memory_gib=80, link_gbps=100)")
-    for strategy in strategies:
-        if strategy not in STRATEGIES:
-            raise ValueError(f"strategy {strategy!r} is not known; use one of {', '.join(STRATEGIES)}")
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 2:
-        raise ValueError(f"tp={tp!r} must be a whole number >= 2 (the tensor-parallel ranks of 'fsdp+tp'); pass e.g. tp=2")
-    if config.resolved().sharding != "none":
-        raise ValueError("plan_parallel() chooses the sharding itself; pass a config with sharding='none'")
-    n, plans, skipped = cluster.gpus, [], {}
-    for strategy in strategies:
-        if reason := cannot_split(config, strategy, n, tp):
-            skipped[strategy] = reason
-            continue
-        shares, seen = _shares(config, strategy, n, tp), {}
-        for rank, share in enumerate(shares):
-            if share not in seen:
-                seen[share] = replay(config, strategy, n, rank, tp)
-        width = {"tp": n, "fsdp+tp": tp}.get(strategy, 1)
-        plans.append(ParallelPlan(strategy, n, tuple(seen[s] for s in shares), cluster, width))
+    `strategies`: a list, tuple or set of STRATEGIES' names. `tp`: the tensor-parallel ranks of
+    'fsdp+tp' (FSDP across the gpus/tp rows). A strategy that cannot split this model over
+    these ranks is left out, its reason in `plans.skipped`. A plan that takes more than a few
+    seconds prints where it stands every few seconds."""
+    cfg, strategies, tp = _checked(config, cluster, strategies, tp)
+    n, skipped, shares, figures = cluster.gpus, {}, {}, {}
+    with Heartbeat("plan_parallel") as beat:
+        beat.now(f"reading the model's shapes for {n} ranks")
+        for strategy in strategies:
+            if reason := cannot_split(cfg, strategy, n, tp):
+                skipped[strategy] = reason
+            else:
+                shares[strategy] = _shares(cfg, strategy, n, tp)
+        todo = [(strategy, ranks.index(s), s) for strategy, ranks in shares.items() for s in dict.fromkeys(ranks)]
+        beat.total = len(todo)
+        for strategy, rank, share in todo:  # the first rank of each distinct share stands for all
+            beat.now(f"replaying {strategy} x {n} (rank {rank})")
+            figures[strategy, share] = _replayed(cfg, strategy, n, rank, tp)
+            beat.done()
+    plans = [ParallelPlan(strategy, n, tuple(figures[strategy, s] for s in ranks), cluster,
+                          {"tp": n, "fsdp+tp": tp}.get(strategy, 1)) for strategy, ranks in shares.items()]
     return ParallelPlans(plans, skipped)
+
+
+def _checked(config: Any, cluster: Any, strategies: Any, tp: Any) -> tuple[RunConfig, tuple[str, ...], int]:
+    """plan_parallel's arguments, checked before any replay: the resolved config, the strategies, tp."""
+    cfg = run_config(config, example="RunConfig(model='gpt')")
+    instance("cluster", cluster, Cluster, "cluster=wb.Cluster(gpus=8, memory_gib=80, link_gbps=100)")
+    strategies = names("strategies", strategies, STRATEGIES, "strategies=('dp', 'fsdp')")
+    tp = whole_number("tp", tp, least=2, most=MOST_GPUS, example="tp=2 (the tensor-parallel ranks of 'fsdp+tp')")
+    if cfg.sharding != "none":
+        raise ArgumentError("plan_parallel() chooses the sharding itself; pass a config with sharding='none'")
+    if cfg.optimizer == "adamw8bit":  # its step runs bitsandbytes' kernels, which read the values
+        raise ArgumentError("optimizer='adamw8bit' cannot be replayed on fake tensors (bitsandbytes' kernels read "
+                            "the values); plan with optimizer='adamw', and wb.estimate() gives the 8-bit state's bytes")
+    outside_a_process_group()
+    return cfg, strategies, tp
+
+
+def _replayed(cfg: RunConfig, strategy: str, processes: int, rank: int, tp: int) -> RankFigures:
+    """replay(), with a learner's module that cannot run on fake tensors said in one line."""
+    try:
+        return replay(cfg, strategy, processes, rank, tp)
+    except Exception as error:
+        if not isinstance(cfg.model, nn.Module) or isinstance(error, ValueError):
+            raise
+        raise cannot_trace(type(cfg.model).__name__, error) from None

@@ -29,17 +29,16 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.core import custom
-from workbench.core.config import ConfigError, RunConfig
-from workbench.core.optim import OPTIMIZERS
+from workbench.core.arguments import ArgumentError, flag, instance, listed, shown, whole_number
+from workbench.core.config import ConfigError, RunConfig, run_config
+from workbench.core.precisions import PRECISIONS
 from workbench.core.report import Report, format_bytes
+from workbench.planner.choices import choices, is_whole
 from workbench.planner.estimate import Estimate, estimate
-from workbench.switches.checkpointing import CHOICES as CHECKPOINTING
 
 __all__ = ["Target", "Plan", "Plans", "plan", "explain"]
 
@@ -62,6 +61,14 @@ class Target:
     FLOPs at `peak_flops`, a bound that ignores memory traffic."""
     device: str = "cpu"
     """The device whose step the estimates replay ('cpu' or 'cuda')."""
+
+    def __post_init__(self) -> None:
+        whole_number("memory_bytes", self.memory_bytes, example="memory_bytes=40 * 2**30")
+        if not (isinstance(self.headroom, (int, float)) and 0 <= self.headroom < 1):
+            raise ArgumentError(f"headroom={shown(self.headroom)} must be a fraction in [0, 1); pass e.g. headroom=0.05")
+        if not isinstance(self.peak_flops, dict) or self.device not in ("cpu", "cuda"):
+            raise ArgumentError("peak_flops must be a dict (precision -> FLOP/s) and device 'cpu' or 'cuda'; "
+                                "make a Target with Target.gpu(...) or Target.this_machine(...)")
 
     @property
     def usable_bytes(self) -> int:
@@ -86,13 +93,13 @@ class Target:
         """
         from workbench.core.hardware import GPU_SPECS, gpu_spec_key, tf32_enabled
 
-        key = gpu_spec_key(name)
+        key = gpu_spec_key(name) if isinstance(name, str) else None
         if key is None:
-            raise ValueError(f"GPU {name!r} is not in hardware.GPU_SPECS; use one of {sorted(GPU_SPECS)}")
-        if not _whole(memory_bytes) or memory_bytes < 1 or not (isinstance(headroom, (int, float)) and 0 <= headroom < 1):
+            raise ArgumentError(f"GPU {shown(name)} is not in hardware.GPU_SPECS; use one of {sorted(GPU_SPECS)}")
+        if not is_whole(memory_bytes) or memory_bytes < 1 or not (isinstance(headroom, (int, float)) and 0 <= headroom < 1):
             raise ValueError(f"memory_bytes={memory_bytes!r} must be a whole number of bytes >= 1 and "
                              f"headroom={headroom!r} in [0, 1); pass e.g. memory_bytes=40 * 2**30")
-        tf32 = tf32_enabled() if tf32 is None else tf32
+        tf32 = tf32_enabled() if tf32 is None else flag("tf32", tf32)
         speed = _roofline(key, tf32=tf32)
         peaks = dict(speed.peaks)
         if "bf16" in peaks:  # same memory and speed as fp16 where both exist, and no loss scaling
@@ -117,10 +124,13 @@ class Target:
         )
         from workbench.planner.speed import MeasuredHere
 
-        if not _whole(memory_budget_bytes) or memory_budget_bytes < 1:
+        if not is_whole(memory_budget_bytes) or memory_budget_bytes < 1:
             raise ValueError(f"memory_budget_bytes={memory_budget_bytes!r} must be a whole number of bytes >= 1; "
                              "pass e.g. 16 * 2**20")
         device = resolve_device("auto")
+        precisions = listed("precisions", precisions, "precisions=('fp32', 'bf16')")
+        if bad := [p for p in precisions if p not in PRECISIONS]:
+            raise ArgumentError(f"precisions {bad} are not known; use some of {list(PRECISIONS)}")
         usable = [p for p in precisions if precision_support(device, p) != "unsupported"]
         if not usable:
             raise ValueError(f"none of {precisions} can run on this {device}; pass e.g. precisions=('fp32',)")
@@ -252,21 +262,6 @@ class Plans(Report):
         return len(self.plans)
 
 
-# Beyond this a plan is not a training run (the largest batches published are ~4M tokens,
-# thousands of sequences); it also bounds the divisor search below.
-_MAX_EFFECTIVE_BATCH = 2**20
-
-
-def _whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _divisors(n: int) -> list[int]:
-    """The divisors of n, found up to its square root (n up to 2**20: ~1,000 trials)."""
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return sorted({*small, *(n // d for d in small)})
-
-
 def _cost(p: RunConfig, est: Estimate, base: RunConfig, base_est: Estimate) -> str:
     costs = []
     if est.flops_per_step > base_est.flops_per_step:
@@ -320,29 +315,11 @@ def plan(config: RunConfig, *, target: Target, effective_batch: int | None = Non
             models time or bound full training: they neither credit freezing nor charge sharding's
             communication; the cost column says what each plan gives up.)
     """
-    base = config.resolved()
-    eff = base.batch_size * base.grad_accum_steps if effective_batch is None else effective_batch
-    if not _whole(eff) or not 1 <= eff <= _MAX_EFFECTIVE_BATCH:
-        raise ValueError(f"effective_batch={eff!r} must be a whole number from 1 to {_MAX_EFFECTIVE_BATCH:,}; "
-                         f"pass e.g. effective_batch=32 (None: the config's batch_size x grad_accum_steps)")
-    precisions = list(precisions or target.peak_flops)
-    if bad := [p for p in precisions if p not in target.peak_flops]:
-        raise ValueError(f"precisions {bad} cannot run on {target.name}; use some of {list(target.peak_flops)}")
-    gpt = isinstance(base.model, str) and base.model == "gpt"
-    checkpointing = list(checkpointing or (("none", "every_other", "all") if gpt else ("none",)))
-    if not gpt and set(checkpointing) != {"none"}:
-        raise ValueError(f"checkpointing {checkpointing} needs a model with blocks; model={custom.shown_model(base.model)} "
-                         f"takes checkpointing=('none',)")
-    if bad := [c for c in checkpointing if c not in CHECKPOINTING]:
-        raise ValueError(f"checkpointing {bad} is not known; use some of {', '.join(map(repr, CHECKPOINTING))}")
-    optimizers = list(optimizers or (base.optimizer,))
-    if bad := [o for o in optimizers if o not in OPTIMIZERS]:
-        raise ValueError(f"optimizers {bad} are not known; use some of {list(OPTIMIZERS)}")
-    trainables = [dict(t) for t in (trainable or ({},))]
-    shardings = list(sharding or (base.sharding,))
-    micro = sorted(set(micro_batches or _divisors(eff)))
-    if bad := [m for m in micro if not _whole(m) or m < 1 or eff % m]:
-        raise ValueError(f"micro_batches {bad} do not divide effective_batch={eff}; use whole divisors of it")
+    base = run_config(config)
+    instance("target", target, Target, "target=wb.Target.this_machine(memory_budget_bytes=2**30)")
+    eff, precisions, checkpointing, optimizers, micro, trainables, shardings = choices(
+        base, target, effective_batch=effective_batch, precisions=precisions, checkpointing=checkpointing,
+        optimizers=optimizers, micro_batches=micro_batches, trainable=trainable, sharding=sharding)
 
     def make(**changes: Any) -> tuple[RunConfig, Estimate]:
         cfg = dataclasses.replace(base, epochs=None, **changes)
@@ -354,8 +331,8 @@ def plan(config: RunConfig, *, target: Target, effective_batch: int | None = Non
     baseline = Plan(base_cfg, base_est, target.fits(base_est), baseline_mem, speed.step_time(base_est),
                     "none", _why(target, base_est, baseline_mem, target.fits(base_est)))
     plans = []
-    choices = itertools.product(precisions, checkpointing, optimizers, micro, trainables, shardings)
-    for precision, ckpt, opt, m, trains, shards in choices:
+    combinations = itertools.product(precisions, checkpointing, optimizers, micro, trainables, shardings)
+    for precision, ckpt, opt, m, trains, shards in combinations:
         try:
             cfg, est = make(precision=precision, activation_checkpointing=ckpt, optimizer=opt,
                             batch_size=m, grad_accum_steps=eff // m, sharding=shards, **trains)

@@ -23,6 +23,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
+from workbench.core.arguments import listed
 from workbench.core.errors import ConfigError
 from workbench.core.models import GPT, MODEL_SPECS, PretrainedClassifier
 from workbench.core.saved import note_saved
@@ -108,8 +109,8 @@ def set_activation_checkpointing(model: nn.Module, blocks: str | Iterable[int]) 
             raise ValueError(f"activation checkpointing blocks={blocks!r}: "
                              f"use {', '.join(map(repr, CHOICES))} or block indices")
         else:
-            chosen = set(blocks)
-            if bad := sorted(i for i in chosen if not (isinstance(i, int) and 0 <= i < n)):
+            chosen = set(listed("blocks", blocks, "blocks=[0, 2] (block indices) or 'all'"))
+            if bad := sorted((i for i in chosen if not (isinstance(i, int) and 0 <= i < n)), key=repr):
                 raise ValueError(f"activation checkpointing blocks {bad} out of range: "
                                  f"this GPT has blocks 0..{n - 1}")
         model.checkpointed, model.checkpoint_options = frozenset(chosen), options

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from workbench.core.report import Results
+from workbench.core.report import Results, plain_label
 from workbench.measure.result import RunResult, metric, results_table
 
 
@@ -23,6 +23,8 @@ class Comparison(Results):
     """
 
     kind = "run"
+    item_type = RunResult
+    argument, example = "results", "compare([baseline, other])"
     empty_message = "compare() needs at least one RunResult"
     name_hint = "pass name= to run()"
 
@@ -57,9 +59,9 @@ def comparison_figure(results: Sequence[RunResult]):
 
     fig = Figure(figsize=(13, 3.2))
     axes = fig.subplots(1, 4)
-    names = [r.name for r in results]
-    for r in results:
-        axes[0].plot(r.loss_steps, r.losses, marker=".", label=r.name)
+    names = [plain_label(r.name) for r in results]
+    for r, name in zip(results, names):
+        axes[0].plot(r.loss_steps, r.losses, marker=".", label=name)
     axes[0].set(title="training loss", xlabel="optimizer step")
     axes[0].legend(fontsize=8)
     bars = [("step_time_s", "ms / step", 1e3), ("activation_bytes", "saved activations (MiB)", 2**-20),

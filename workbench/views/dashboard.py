@@ -31,6 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.core import environment
+from workbench.core.arguments import flag, function, seconds
 from workbench.core.report import format_bytes
 from workbench.measure.records import RunEnd, RunStart, Sink, StepRecord
 from workbench.measure.result import format_metric
@@ -63,13 +65,13 @@ def headless_reason() -> str | None:
     WORKBENCH_HEADLESS=1 forces text; WORKBENCH_HEADLESS=0 lifts the pytest/nbval
     check (for a browser test that drives a JupyterLab started from pytest).
     """
-    flag = os.environ.get("WORKBENCH_HEADLESS", "").strip().lower()
-    if flag in ("1", "true", "yes", "on"):
+    headless = environment.flag("WORKBENCH_HEADLESS")  # None: unset
+    if headless:
         return "WORKBENCH_HEADLESS is set"
     # nbval's kernel is a real ipykernel that nobody watches: pytest puts
     # PYTEST_VERSION in the environment and the kernels it starts inherit it.
     under_test = "PYTEST_VERSION" in os.environ or "PYTEST_CURRENT_TEST" in os.environ
-    if flag not in ("0", "false", "no", "off") and (under_test or "nbval" in sys.modules):
+    if headless is None and (under_test or "nbval" in sys.modules):
         return "running under pytest/nbval"
     shell, zmqshell = _shell(), sys.modules.get("ipykernel.zmqshell")
     if shell is None or zmqshell is None or not isinstance(shell, zmqshell.ZMQInteractiveShell):
@@ -109,22 +111,23 @@ class Dashboard:
         auto_display: inside IPython, show the view in each cell that starts a run on it,
             and its final curve as a static PNG output when a run ends.
         clock: monotonic seconds for throttling and durations; tests pass a fake one.
+        timer: what the view's own work is timed with (its budget); tests pass a fake one, so a
+            budget test checks the policy, not how fast this machine draws under load.
     """
 
-    def __init__(
-        self,
-        *,
-        numbers_interval_s: float = 0.25,
-        plot_interval_s: float = 0.5,
-        auto_display: bool = True,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, *, numbers_interval_s: float = 0.25, plot_interval_s: float = 0.5, auto_display: bool = True,
+                 clock: Callable[[], float] = time.monotonic, timer: Callable[[], float] = time.perf_counter) -> None:
+        numbers_interval_s = seconds("numbers_interval_s", numbers_interval_s, example="numbers_interval_s=0.25")
+        plot_interval_s = seconds("plot_interval_s", plot_interval_s, example="plot_interval_s=0.5")
+        flag("auto_display", auto_display)
+        function("clock", clock, example="clock=time.monotonic")
+        function("timer", timer, example="timer=time.perf_counter")
         import ipywidgets as w  # heavy imports only once a dashboard is made
 
         from workbench.views.loss_plot import LossPlot
 
         self.numbers_interval_s, self.plot_interval_s = numbers_interval_s, plot_interval_s
-        self.auto_display, self.clock = auto_display, clock
+        self.auto_display, self.clock, self.timer = auto_display, clock, timer
         self.runs: list[_RunView] = []
         self.current: _RunView | None = None
         self.values: dict[str, str] = {}  # the numbers last shown, by key: for tests
@@ -185,14 +188,14 @@ class Dashboard:
 
     def start(self, record: RunStart) -> None:
         if record.rank == 0:  # other processes' records would mix into the view
-            began = time.perf_counter()
+            began = self.timer()
             self._guard("start", self._start, record)
-            self.busy_s += time.perf_counter() - began
+            self.busy_s += self.timer() - began
 
     def log(self, record: StepRecord) -> None:
         if record.rank != 0:
             return
-        began = time.perf_counter()
+        began = self.timer()
         if self._guard("log", self._record, record):
             now = self.clock()
             # The curve first: when the budget is tight it is the part a learner watches.
@@ -202,7 +205,7 @@ class Dashboard:
             if now - self._last_numbers >= self.numbers_interval_s and self._affordable("numbers", now):
                 self._last_numbers = now
                 self._guard("numbers", self._timed, "numbers", self._draw_numbers)
-        spent = time.perf_counter() - began
+        spent = self.timer() - began
         self.busy_s += spent
         self.live_busy_s += spent
 
@@ -219,21 +222,21 @@ class Dashboard:
 
     def _timed(self, part: str, draw: Callable[[], None]) -> None:
         """Draw, and keep a smoothed cost of the part (single updates spike to ~5 ms)."""
-        began = time.perf_counter()
+        began = self.timer()
         draw()
-        cost, previous = time.perf_counter() - began, self._costs.get(part)
+        cost, previous = self.timer() - began, self._costs.get(part)
         self._costs[part] = cost if previous is None else 0.8 * previous + 0.2 * cost
 
     def end(self, record: RunEnd) -> None:
         if record.rank != 0:
             return
-        began = time.perf_counter()
+        began = self.timer()
         self._guard("end", self._end, record)
         self._guard("final numbers", self._draw_numbers)
         self._guard("final plot", self._draw_plot)
         if self.auto_display:
             self._guard("static plot", self._show_static)
-        self.busy_s += time.perf_counter() - began
+        self.busy_s += self.timer() - began
 
     def _guard(self, what: str, fn: Callable[..., None], *args: Any) -> bool:
         try:

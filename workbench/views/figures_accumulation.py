@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from workbench.core.report import plain_label
 from workbench.measure.result import RunResult
 from workbench.views.figures_precision import Picture
 
@@ -69,7 +70,7 @@ def memory_timeline_figure(results: Sequence[RunResult]) -> Picture:
             ax.bar(range(len(phases)), values, bottom=bottom, color=f"C{i}", label=part)
             bottom = [b + v for b, v in zip(bottom, values)]
         ax.set_xticks(range(len(phases)), [name for name, _ in phases], fontsize=8)
-        ax.set_title(f"{r.name} ({r.config.batch_size} x {r.config.grad_accum_steps})", fontsize=9)
+        ax.set_title(f"{plain_label(r.name)} ({r.config.batch_size} x {r.config.grad_accum_steps})", fontsize=9)
     axes[0].set_ylabel("MiB alive at the end of the phase")
     axes[-1].legend(fontsize=8, loc="upper right")
     fig.suptitle("one optimizer step, counted (exact bytes; temporaries not shown)", fontsize=10)

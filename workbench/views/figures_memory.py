@@ -1,6 +1,6 @@
-"""Pictures for notebooks 03 and 05: what each block keeps for backward, with and without
-checkpointing, and a step's live bytes moment by moment; and a Linear layer's weights against
-the int8 grid they are rounded to.
+"""Pictures for notebooks 03, 05 and 07: what each block keeps for backward, with and without
+checkpointing, and a step's live bytes moment by moment; memory snapshots' timelines side by
+side; and a Linear layer's weights against the int8 grid they are rounded to.
 
 The numbers come from the caller (exact counts from `measure.counters`, the quantized
 layer's own scale and zero point): this module only draws. Each function returns a
@@ -110,6 +110,42 @@ def step_timeline_figure(timelines: Mapping[str, Any]) -> Picture:
     ax.set_ylim(0, max(max(t.levels) for t in timelines.values()) / MIB * 1.15)
     ax.set_title("One training step, live bytes (replayed on fake tensors)")
     ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    return Picture(fig)
+
+
+def snapshot_timelines(snapshots: Mapping[str, Any]) -> Picture:
+    """Memory snapshots' timelines side by side, one panel each, in MiB: the live bytes before
+    the first event and after each alloc and free (`MemorySnapshot.levels()`, the curve
+    memory_viz's Active Memory Timeline stacks), with each one's peak and source.
+
+    Args:
+        snapshots: label -> a `measure.snapshot.MemorySnapshot` (levels(), peak_bytes, source).
+
+    Example:
+        >>> from types import SimpleNamespace as S
+        >>> snap = S(levels=lambda: [MIB, 3 * MIB, 2 * MIB], peak_bytes=3 * MIB, source="made up")
+        >>> pic = snapshot_timelines({"a": snap, "b": snap})
+        >>> len(pic.figure.axes), [round(float(y), 1) for y in pic.figure.axes[0].lines[0].get_ydata()]
+        (2, [1.0, 3.0, 2.0])
+    """
+    if not snapshots:
+        raise ValueError("pass at least one snapshot, e.g. {'predicted': lesson.predicted_snapshot(config)}")
+    import textwrap
+
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 3.6))
+    axes = fig.subplots(1, len(snapshots), sharey=True, squeeze=False)[0]
+    top = max(s.peak_bytes for s in snapshots.values()) / MIB
+    for i, (ax, (label, snap)) in enumerate(zip(axes, snapshots.items())):
+        levels = snap.levels()
+        ax.plot(range(len(levels)), [v / MIB for v in levels], color=f"C{i}", lw=1.2)
+        ax.axhline(snap.peak_bytes / MIB, color="0.5", ls=":", lw=1)
+        ax.set_title(f"{label}: peak {snap.peak_bytes:,} B", fontsize=10)
+        ax.set_xlabel(textwrap.fill(snap.source, 60) + "\n\nevents (allocations and frees), in order", fontsize=8)
+        ax.set_ylim(0, top * 1.15)
+    axes[0].set_ylabel("MiB live")
     fig.tight_layout()
     return Picture(fig)
 

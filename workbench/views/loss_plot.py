@@ -38,6 +38,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from workbench.core.report import plain_label
+
 # The i-th curve's look. Later curves get dashes and markers, so a curve drawn exactly on
 # an earlier one (fp32/fp16/bf16 on the same seed often agree to the 4th digit) still shows.
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
@@ -222,7 +224,7 @@ class LossPlot:
         ax.grid(alpha=0.3)
         for curve in self.curves:
             line, marker, color = curve.style
-            ax.plot(curve.steps, curve.losses, label=curve.label, color=color, linestyle=_MPL_LINE[line],
+            ax.plot(curve.steps, curve.losses, label=plain_label(curve.label), color=color, linestyle=_MPL_LINE[line],
                     marker=_MPL_MARKER[marker], markersize=3, markevery=max(1, len(curve.steps) // 40), lw=1.6)
         ax.set_xlim(0, max(max(c.steps, default=1) for c in self.curves))
         if len(self.curves) > 1:

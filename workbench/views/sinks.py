@@ -10,6 +10,7 @@ import sys
 import time
 from typing import TextIO
 
+from workbench.core.arguments import ArgumentError, seconds
 from workbench.core.report import format_bytes
 from workbench.measure.records import RunEnd, RunStart, StepRecord
 from workbench.measure.result import format_metric
@@ -41,8 +42,11 @@ class TextSink:
     """
 
     def __init__(self, stream: TextIO | None = None, *, min_interval_s: float = 1.0) -> None:
+        if stream is not None and not callable(getattr(stream, "write", None)):
+            raise ArgumentError(f"stream must be an open text stream or None, got {type(stream).__name__}; pass e.g. "
+                                "stream=sys.stdout, or open('log.txt', 'w')")
         self.stream = stream
-        self.min_interval_s = min_interval_s
+        self.min_interval_s = seconds("min_interval_s", min_interval_s, example="min_interval_s=1.0")
         self._last_print = 0.0
 
     def _print(self, text: str) -> None:

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset as TorchDataset
 
+from workbench.core.arguments import ArgumentError, shown
 from workbench.core.data import sources
 
 Task = Literal["image_classification", "text_classification", "language_modeling"]
@@ -73,8 +74,8 @@ DATASETS: dict[str, DatasetInfo] = {info.name: info for info in (
 
 
 def check_name(name: str) -> None:
-    if name not in DATASETS and not (name.startswith("hub:") and len(name) > 4):
-        raise ValueError(f"data={name!r} is not a known data set; use one of: "
+    if not isinstance(name, str) or name not in DATASETS and not (name.startswith("hub:") and len(name) > 4):
+        raise ArgumentError(f"data={shown(name)} is not a known data set; use one of: "
                          f"{', '.join(DATASETS)}, or 'hub:<name>'")
 
 

@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader
 from torch.utils.data import Dataset as TorchDataset
 
+from workbench.core.arguments import SEED_LIMIT, ArgumentError, shown, whole_number
 from workbench.core.data.catalog import DATASETS, DataBundle, _lm_sizes, check_name
 from workbench.core.data.files import load_image_files
 from workbench.core.data.tables import load_table
@@ -50,10 +51,11 @@ def load_data(name: str, *, seq_len: int = 128, max_train: int | None = None,
     """
     check_name(name)
     for field, value in (("max_train", max_train), ("max_test", max_test)):
-        if value is not None and value < 1:
-            raise ValueError(f"{field}={value} must be a positive number of examples or None")
-    if seq_len < 2 or (name == "rotten_tomatoes_lm" and _lm_sizes(seq_len)[0] < 1):
-        raise ValueError(f"seq_len={seq_len} must be at least 2 and leave training windows")
+        if value is not None:
+            whole_number(field, value, example=f"{field}=1000 (a number of examples), or None for all")
+    whole_number("seed", seed, least=0, most=SEED_LIMIT - 1, example="seed=0")
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2 or (name == "rotten_tomatoes_lm" and _lm_sizes(seq_len)[0] < 1):
+        raise ArgumentError(f"seq_len={shown(seq_len)} must be at least 2 and leave training windows")
     is_image = DATASETS[name].task == "image_classification" if name in DATASETS else False
     # Images ignore seq_len: normalise it so the cache is shared across values.
     return _load_cached(name, 0 if is_image else seq_len, max_train, max_test, seed)
