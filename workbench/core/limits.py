@@ -1,7 +1,7 @@
 """What the model, the data and this machine allow: the bounds RunConfig checks.
 
 Each function returns a one-line problem (what is wrong, and the value to pass
-instead) or None, so `config.py` raises them as ConfigError before anything is loaded
+instead) or None, so `core/config` raises them as ConfigError before anything is loaded
 or allocated. The bounds come from the things themselves, not from taste:
 
 - a model's dims must build a model: positive widths, heads that divide the width, a

@@ -13,9 +13,9 @@ and what it adds to the estimate. In the order `run()` applies them (`# techniqu
     optimizer       which optimizer, over what trains; for-loop, foreach or fused             (converter)
     compiling       torch.compile of the trained module; TF32 around the steps                (loop)
 
-They share core's floor (tests/test_layers.py): RunConfig reads their choices and runs their
-checks before anything is allocated; a switch builds on core only; measure, planner and engine
-call them. Adding one: docs/CONTRACTS.md.
+They sit on core's floor and under the configuration (tests/test_layers.py): a switch builds on
+core only; RunConfig (core/config/) reads their choices and runs their checks before anything is
+allocated; measure, planner and engine call them. Adding one: docs/CONTRACTS.md.
 """
 
 from workbench.switches import attention, checkpointing, compiling, data_loading, optimizer, precision, qat, sharding, trainable

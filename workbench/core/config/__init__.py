@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from workbench.core import cpu_class, custom, hardware
 from workbench.core.arguments import instance
-from workbench.core.checks import check_types, check_values, one_of
+from workbench.core.config.checks import check_types, check_values, one_of
 from workbench.core.data import DATASETS
 from workbench.core.errors import ConfigError
 from workbench.core.models import MODELS

@@ -1,6 +1,6 @@
 """RunConfig's checks: every value that cannot work, refused in one line before anything runs.
 
-`config.py` resolves a RunConfig's values (the preset fills what is unset) and hands them
+`core/config/__init__.py` resolves a RunConfig's values (the preset fills what is unset) and hands them
 here; each check raises `ConfigError`, one line that names the field and the fix. The checks
 of the data, the model, the sizes and this machine (`limits`) are here; each switch's own
 (precision, checkpointing, compile, ...) are in its module (`workbench/switches`), run from
