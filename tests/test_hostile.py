@@ -364,7 +364,7 @@ def test_an_allocator_message_reads_as_out_of_memory_and_other_errors_do_not():
     assert is_out_of_memory(error) and is_out_of_memory(MemoryError()) and not is_out_of_memory(RuntimeError("boom"))
     assert describe_out_of_memory(error) == ("CPU out of memory. Tried to allocate 9.31 GiB (DefaultCPUAllocator); "
                                              "lower batch_size, seq_len or dims")
-    # Worded so accelerate's batch-size search (plancheck) reads it as an out-of-memory too.
+    # Worded so accelerate's batch-size search (lessons.planner.search_micro_batch) reads it as an out-of-memory too.
     from accelerate.utils.memory import should_reduce_batch_size
 
     assert should_reduce_batch_size(torch.OutOfMemoryError(describe_out_of_memory(error)))

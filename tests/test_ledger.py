@@ -10,7 +10,7 @@ import pytest
 
 from workbench.lessons import exercises, ledger, tour
 from workbench.lessons import ledger_file as the_file
-from workbench.lessons.ledger import calibration, read_rows, room_calibration
+from workbench.lessons.ledger import calibration, read_rows
 
 
 @pytest.fixture
@@ -98,19 +98,6 @@ def test_calibration_of_one_notebook_claims_this_sessions_unnamed_rows(ledger_fi
     assert [(r["exercise"], r["notebook"]) for r in mine.checked] == [("a", "00_tour"), ("c", "00_tour")]
     assert len(calibration(rows=rows).checked) == 4
     assert calibration("00_tour").summary() == ["no predictions recorded yet: answer an exercise, then run its checking cell"]
-
-
-def test_the_room_pools_each_learners_first_prediction_per_exercise():
-    rows = [row("answer_a", p, 1.0, learner=who) for who, p in [("ann", 2.0), ("bob", 1.0), ("cy", 0.5), ("di", 4.0)]]
-    rows += [row("answer_a", 1.0, 1.0, learner="ann", verdict="right")]  # ann's second try: not her prediction
-    rows += [row("answer_b", "up", "up", kind="choice", verdict="right", learner=who) for who in ("ann", "bob")]
-    room = room_calibration(rows)
-    assert room.rows() == (
-        ("00_tour", "answer_a", 4, "1.50", "0.88 - 2.50", "2 / 1 / 1", "0 of 4"),
-        ("00_tour", "answer_b", 2, "", "", "", "2 of 2"),
-    )
-    with pytest.raises(ValueError, match="row 0 has no 'learner'"):
-        room_calibration([row("answer_a", 1.0, 1.0)])
 
 
 def test_each_course_notebook_shows_its_own_calibration_on_the_core_path():

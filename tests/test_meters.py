@@ -34,6 +34,21 @@ def test_cpu_meter_reads_rss_and_a_peak_that_resets():
     big = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
     after = meter.peak_bytes()
     assert meter.current_bytes() > 0
-    if meter.peak_is_per_phase:
+    if meter.peak_kind == "process VmHWM":  # reset per phase (Linux, clear_refs writable)
         assert after - before >= 60 * 2**20
     del big
+
+
+def test_a_peak_that_cannot_be_reset_says_it_is_the_one_since_the_process_started(monkeypatch):
+    from workbench.measure import meters
+
+    meter = MemoryMeter("cpu")
+    if meter.peak_kind != "process VmHWM":
+        pytest.skip(f"no per-phase peak to lose here ({meter.peak_kind})")
+
+    def forbidden(*args, **kwargs):  # a container with /proc read-only
+        raise PermissionError("[Errno 13] Permission denied: '/proc/self/clear_refs'")
+
+    monkeypatch.setattr(meters, "open", forbidden, raising=False)
+    meter.reset_peak()
+    assert meter.peak_kind == "process VmHWM since it started (/proc/self/clear_refs not writable)"

@@ -3,7 +3,7 @@ N gloo processes. Each rank's peak within 5%, model-state and collective bytes a
 
 The measured side runs the same two steps (`parallel.steady_step`) on real tensors in N real
 processes, wrapped by the real thing: DistributedDataParallel itself (its C++ reducer, whose
-all-reduce `watch_ddp` makes countable; the replay stands in its buckets), FSDP2's
+all-reduce torch's default comm hook makes countable; the replay stands in its buckets), FSDP2's
 `fully_shard`, DTensor's tensor parallel, torch.distributed.pipelining's stages, over gloo.
 """
 
@@ -24,12 +24,14 @@ ALL = V * D + S * D + L * (12 * D * D + 13 * D) + 2 * D  # parameters (wte tied 
 
 def _real_wrap(model, strategy, mesh, cfg):
     if strategy == "dp":
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
         from torch.nn.parallel import DistributedDataParallel
 
-        from workbench.measure.communication import CollectiveCounter
-
         ddp = DistributedDataParallel(model)
-        CollectiveCounter.watch_ddp(ddp)  # the reducer's all-reduce, through Python, counted
+        # DDP's reducer all-reduces its buckets from C++, where CollectiveCounter's Python wrappers
+        # see nothing; torch's own default hook (divide by the world size, all-reduce: the same
+        # arithmetic) calls dist.all_reduce per bucket, counted.
+        ddp.register_comm_hook(None, allreduce_hook)
         return ddp, parallel.plain_backward(ddp)
     return parallel.wrap(model, strategy, mesh, cfg)
 

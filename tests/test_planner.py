@@ -1,4 +1,4 @@
-"""plan(): ranking plans that fit; plancheck: the largest micro-batch, predicted and searched."""
+"""plan(): ranking plans that fit; lessons.planner: the largest micro-batch, predicted and searched."""
 
 from __future__ import annotations
 

@@ -54,7 +54,6 @@ _EXPORTS = {
     "check": "lessons.exercises",
     "agree": "lessons.exercises",
     "calibration": "lessons.ledger",
-    "room_calibration": "lessons.ledger",
     "launch_function": "engine.launch",
     "LaunchError": "engine.launch",
     "Estimate": "planner.estimate",
@@ -97,7 +96,7 @@ if TYPE_CHECKING:
     from workbench.measure.records import RunEnd, RunStart, Sink, StepRecord
     from workbench.measure.result import MemoryBreakdown, RunResult
     from workbench.lessons.exercises import agree, check, claims, evidence
-    from workbench.lessons.ledger import calibration, room_calibration
+    from workbench.lessons.ledger import calibration
     from workbench.planner.parallel import Cluster, plan_parallel
     from workbench.planner.planning import Target, plan
     from workbench.views.compare import Comparison, compare

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from workbench.core.data import DATASETS
 from workbench.core.errors import ArgumentError
 from workbench.core.saved import note_saved
 
@@ -346,10 +347,6 @@ def unavailable_reason(name: str) -> str | None:
 
 
 def _suggest_data(task: str) -> str:
-    try:  # data.py is optional here: the suggestion is a courtesy
-        from workbench.core.data import DATASETS
-    except ImportError:
-        return ""
     names = [n for n, info in DATASETS.items() if getattr(info, "task", None) == task]
     return f"; use data={names[0]!r}" if names else ""
 

@@ -6,7 +6,7 @@ WORKBENCH_LEDGER. A learner who has not answered (None) records nothing; a ledge
 be written costs one warning line, never the exercise; a line that is not a row is skipped and
 counted (the file's side, where it lies and how it is read and written: lessons/ledger_file.py).
 
-A row (the format `wb.share` sends to the teacher; `room_calibration` reads a list of them):
+A row (the format `wb.share` sends to the teacher, whose room pools them: views/room.py):
 
     notebook   "00_tour": the notebook's file name without .ipynb (None if it could not be told)
     exercise   "answer_a": the answer's variable name, as written in the checking cell
@@ -23,7 +23,7 @@ A row (the format `wb.share` sends to the teacher; `room_calibration` reads a li
     learner    added by whoever pools rows from many learners (`wb.share`); not in one's own file
 
 A learner's rows to send: `read_rows()` (the whole file) or `wb.calibration("00_tour").checked`
-(one notebook's, its name filled in); the teacher pools everyone's with `room_calibration`.
+(one notebook's, its name filled in); the teacher's room pools everyone's (`calibration_table`).
 
 Example:
     >>> rows = [{"notebook": "00_tour", "exercise": "answer_a", "predicted": 2.0, "measured": 1.2,
@@ -40,7 +40,6 @@ import linecache
 import math
 import os
 import re
-import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -52,7 +51,7 @@ from workbench.lessons.ledger_file import (UNITS, LedgerRead, LedgerRefused, _fi
                                           read_ledger, read_rows, valid_row)
 
 __all__ = ["UNITS", "LedgerRead", "LedgerRefused", "ledger_path", "read_ledger", "read_rows", "valid_row", "record",
-           "calibration", "Calibration", "room_calibration", "RoomCalibration", "kind_of", "ratio", "direction"]
+           "calibration", "Calibration", "kind_of", "ratio", "direction"]
 
 PLURAL = {"ratio": "ratios", "bytes": "byte counts", "count": "counts", "seconds": "times"}
 ABOUT_RIGHT = 1.05  # a prediction within 5% of the measurement is neither over nor under
@@ -245,47 +244,3 @@ def calibration(notebook: str | None = None, *, rows: Sequence[dict[str, Any]] |
         rows = [dict(row, notebook=notebook) for row in rows if row.get("notebook") == notebook
                 or row.get("notebook") is None and row.get("session") == SESSION]
     return Calibration(tuple(rows), notebook, skipped=skipped, refused=refused)
-
-
-@dataclass(frozen=True, repr=False)
-class RoomCalibration(Report):
-    """Many learners' predictions pooled, one row per exercise: how the room sees each effect."""
-
-    pooled: tuple[tuple[Any, ...], ...]
-    header = ("notebook", "exercise", "learners", "median predicted / measured", "middle half",
-              "over / about right / under", "right")
-
-    def rows(self) -> Sequence[Sequence[Any]]:
-        return self.pooled
-
-    def caption(self) -> str:
-        return "The room's calibration: each learner's first prediction per exercise"
-
-
-def room_calibration(rows: Sequence[dict[str, Any]]) -> RoomCalibration:
-    """Pool many learners' rows (each with a "learner" id): per exercise, the median of
-    predicted / measured, its middle half (25th-75th percentile), how many over- and
-    under-estimate, and how many were right. A learner counts once: their first prediction.
-
-    Example:
-        >>> room = room_calibration([dict(r, learner=i) for i, r in enumerate(rows)])  # doctest: +SKIP
-    """
-    first: dict[tuple[Any, Any], dict[Any, dict[str, Any]]] = {}
-    for n, row in enumerate(rows):
-        if "learner" not in row:
-            raise ValueError(f"room_calibration(): row {n} has no 'learner'; add each learner's id to their rows")
-        first.setdefault((row.get("notebook"), row.get("exercise")), {}).setdefault(row["learner"], row)
-    pooled = []
-    for (notebook, exercise), by_learner in sorted(first.items(), key=lambda kv: tuple(map(str, kv[0]))):
-        picks = list(by_learner.values())
-        ratios = sorted(r for r in map(ratio, picks) if r is not None)
-        ways = [direction(r) for r in ratios]
-        middle = ""
-        if ratios:
-            q = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else [ratios[0]] * 3
-            middle = f"{q[0]:.2f} - {q[2]:.2f}"
-        pooled.append((notebook or "?", exercise or "?", len(picks),
-                       f"{statistics.median(ratios):.2f}" if ratios else "",
-                       middle, f"{ways.count('over')} / {ways.count('about right')} / {ways.count('under')}" if ratios else "",
-                       f"{sum(p['verdict'] == 'right' for p in picks)} of {len(picks)}"))
-    return RoomCalibration(tuple(pooled))

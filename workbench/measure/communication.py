@@ -7,8 +7,9 @@ buffer) while it is active:
   before each forward and backward of a group, reduce-scatter of its gradients), by
   wrapping them for the duration of the block;
 - DistributedDataParallel's bucketed all-reduce, which runs in C++, once
-  `CollectiveCounter.watch_ddp(ddp_model)` has routed it through Python (torch's own
-  default communication hook: the same all-reduce of the same buckets);
+  `ddp_model.register_comm_hook(None, allreduce_hook)` has routed it through Python (torch's own
+  default communication hook, `torch.distributed.algorithms.ddp_comm_hooks.default_hooks`: the
+  same all-reduce of the same buckets; tests/test_plan_parallel.py does this);
 - the functional collectives DTensor calls (tensor parallelism's all-reduces, all-gathers
   and reduce-scatters, forward and backward; the optimizer's reach the older `c10d_functional`
   namespace), seen by a dispatch mode beneath DTensor, as torch's own CommDebugMode sees them
@@ -126,17 +127,6 @@ class CollectiveCounter:
         for name, fn in self._saved.items():
             setattr(dist, name, fn)
         self._saved.clear()
-
-    @staticmethod
-    def watch_ddp(model: Any) -> None:
-        """Make a DistributedDataParallel model's gradient all-reduce visible to the counter.
-
-        DDP's reducer all-reduces its buckets from C++, where no Python wrapper sees it. This
-        registers torch's own default hook in Python (`allreduce_hook`: divide by the world
-        size, all-reduce, the same arithmetic), which calls `dist.all_reduce` per bucket."""
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-        model.register_comm_hook(None, allreduce_hook)
 
     @property
     def total_bytes(self) -> int:

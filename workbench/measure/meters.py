@@ -185,15 +185,14 @@ class MemoryMeter:
     On CUDA: allocated / reserved / peak allocated of the caching allocator
     (reading these counters does not sync the device). On CPU: process RSS (psutil)
     and VmHWM, the resident high-water mark, which `reset_peak()` resets by writing
-    '5' to /proc/self/clear_refs (Linux; elsewhere the peak is since process start,
-    `peak_is_per_phase` and `peak_kind` say so: cpu_peak()).
+    '5' to /proc/self/clear_refs (Linux; elsewhere, or where a container forbids that write, the
+    peak is since the process started, and `peak_kind`, which results and views show, says so).
     """
 
     def __init__(self, device: torch.device | str) -> None:
         self.device = torch.device(device)
         self.on_cuda = self.device.type == "cuda"
         self.kind = "CUDA allocated" if self.on_cuda else "process RSS"
-        self.peak_is_per_phase = self.on_cuda
         self.peak_kind = "CUDA allocator peak" if self.on_cuda else cpu_peak()[1]
         self._process = None
         if not self.on_cuda:
@@ -208,9 +207,9 @@ class MemoryMeter:
         try:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")
-            self.peak_is_per_phase = True
-        except OSError:
-            self.peak_is_per_phase = False
+        except OSError:  # the high-water mark cannot be reset: the one since the process started
+            if self.peak_kind == "process VmHWM":
+                self.peak_kind = "process VmHWM since it started (/proc/self/clear_refs not writable)"
 
     def current_bytes(self) -> int:
         if self.on_cuda:

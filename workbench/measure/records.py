@@ -3,7 +3,7 @@
 The training loop never draws anything. It calls every sink with plain records
 (`RunStart`, `StepRecord`, `RunEnd`); views (the text printer and the live dashboard in
 `workbench.views`, the recorder tests use) decide what to show. Records are plain frozen
-dataclasses so they pickle across processes (the multi-process launcher sends
+dataclasses so they pickle across processes (the multi-process launch, engine/launch.py, sends
 children's records to the parent).
 """
 

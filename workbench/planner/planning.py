@@ -11,7 +11,8 @@ The measured, deterministic version of "ask an LLM which techniques to combine" 
   its predicted memory, its cost and a reason;
 - `explain(plans, llm=None)`: the ranking in words; pass `llm` (a function from a prompt to
   text, e.g. a local model) to have it explain instead; the ranking stays deterministic;
-- checking a plan against real runs lives in `plancheck.py`.
+- checking a plan against real runs (the largest micro-batch, predicted and searched) lives in
+  `lessons/planner.py`.
 
 Speed comes from the target's speed model (`planner.speed`), and every table says which:
 on a GPU on paper a roofline **lower bound** (each op of the replayed step at the slower of

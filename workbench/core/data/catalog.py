@@ -143,7 +143,7 @@ def minilm_dir() -> Path:
 
 def image_pixels(name: str, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
     """A shipped image set's raw uint8 images (N, H, W) and int64 labels, before any
-    normalising, in the order of its (fixed) split: what pipelines.py writes as files.
+    normalising, in the order of its (fixed) split: what files.py writes as files.
 
     Example:
         >>> pixels, labels = image_pixels("mnist")

@@ -1,7 +1,7 @@
 """Where the raw rows come from: files inside installed wheels (this one's included), or the hub.
 
 Each function returns `datasets.Dataset` splits with columns pixels|text + label;
-`data.py` turns them into tensors. Another package's files are found with find_spec, never
+`tables.py` turns them into tensors. Another package's files are found with find_spec, never
 by importing the package (a data carrier's import can pull in much more than its file).
 """
 
