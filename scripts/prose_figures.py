@@ -46,9 +46,9 @@ NUMBER = re.compile(r"(?<![\w.])(?P<pre>[x×~±+\-−]?)(?P<num>\d+(?:,\d{3})*(?
                     r"(?P<scale>[kMB])?(?P<post>[x×%]|)(?![\w])")
 VERSION_WORDS = re.compile(r"(?:torch|pytorch|python|cuda|cu|accelerate|transformers|datasets|peft|torchao|nbformat|"
                            r"jupyterlab|jupyter|node\.js|numpy|pandas|mlxtend|pip|uv|CC BY|version|>=|<=|==|~=)\s*$", re.I)
-# the rest of a list of versions: "Python 3.11, 3.12 or 3.13", "Python 3.12 and 3.13"
+# the rest of a list or range of versions: "Python 3.11, 3.12 or 3.13", "Python 3.12 and 3.13", "Python 3.11-3.13"
 VERSION_LIST = re.compile(VERSION_WORDS.pattern[:-len(r"\s*$")] + r"\s*\d+(?:\.\d+)+"
-                          r"(?:(?:,\s*|\s+and\s+|\s+or\s+)\d+(?:\.\d+)+)*(?:,\s*|\s+and\s+|\s+or\s+)$", re.I)
+                          r"(?:(?:,\s*|\s+and\s+|\s+or\s+|[-–])\d+(?:\.\d+)+)*(?:,\s*|\s+and\s+|\s+or\s+|[-–])$", re.I)
 SCALE = {"k": 1e3, "M": 1e6, "B": 1e9}
 ARITHMETIC = re.compile(r"(?<![\w.])\d[\d,]*(?:\s*[×*]\s*\d[\d,]*)+\s*=\s*\d[\d,]*(?![\w,]|\.\d)")
 # SOURCES.md names that are also a tool's or a module's name: prose names them without quoting them

@@ -1242,13 +1242,14 @@ def test_course_facts_whose_write_fails_leave_readme_and_workshop_as_they_were(t
     import shutil
 
     root = pathlib.Path(__file__).resolve().parent.parent
-    folder = _copy_of_the_course(tmp_path, "course_facts.py", "course_words.py", "prose_figures.py")
+    folder = _copy_of_the_course(tmp_path, "course_facts.py", "course_words.py", "prose_figures.py", "facilitator.py")
     for name in ("notebooks", "benchmarks/results"):
         shutil.copytree(root / name, folder / name, dirs_exist_ok=True)
     (folder / "docs").mkdir()
-    for name in ("README.md", "docs/WORKSHOP.md"):
+    documents = ("README.md", "docs/WORKSHOP.md", "docs/FACILITATOR.md")
+    for name in documents:
         shutil.copy(root / name, folder / name)
-    before = {name: (folder / name).read_bytes() for name in ("README.md", "docs/WORKSHOP.md")}
+    before = {name: (folder / name).read_bytes() for name in documents}
     code, _, err = _typed_in(folder, "scripts/course_facts.py", file_size_limit=4096)  # README: ~25 KB
     assert (code, err) == (1, "README.md: could not be written (File too large); it is unchanged\n")
     assert {name: (folder / name).read_bytes() for name in before} == before  # before: README cut to 4 KB
@@ -2387,6 +2388,8 @@ def _target() -> Target:
      "memory_bytes=-1 must be a whole number >= 1; pass e.g. memory_bytes=40 * 2**30"),
     # was torch's RuntimeError: Expected one of cpu, cuda, ipu, xpu, ... device type at start of device string: gpu
     (lambda: wb.training_parts(RunConfig(**TINY), device="gpu"), "device='gpu' is not known; use one of: 'auto', 'cpu', 'cuda'"),
+    # an index a launched process's PartialState().device carries is taken ('cpu:0' in 06 and 09); a GPU past those visible is not
+    (lambda: wb.training_parts(RunConfig(**TINY), device="cuda:7"), "device='cuda:7' but "),
     # was a bare AssertionError (no message)
     (lambda: wb.hardware_report("gpu"), "device='gpu' is not known; use one of: 'auto', 'cpu', 'cuda'"),
     # was AttributeError: 'int' object has no attribute 'startswith'
@@ -2435,3 +2438,11 @@ def test_every_public_function_refuses_a_wrong_argument_in_one_line(call, messag
 
 def test_a_number_too_large_for_a_float_is_shown_not_raised():
     assert wb.format_bytes(10**400) == "inf"  # was OverflowError: integer division result too large for a float
+
+
+def test_training_parts_takes_the_device_a_launched_process_names():
+    """06 and 09 pass `str(PartialState().device)`: 'cpu:0' in a launched CPU process."""
+    import torch
+
+    _, model, _, batches = wb.training_parts(RunConfig(**TINY), device="cpu:0")
+    assert next(model.parameters()).device == torch.device("cpu") and next(batches)["labels"].device.type == "cpu"

@@ -8,9 +8,9 @@ log everywhere else) is made here, at the top, where both may be used.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from workbench.core.arguments import checked_device
+from workbench.core.arguments import checked_torch_device
 from workbench.core.config import RunConfig, run_config
 from workbench.engine import launch as _launch
 from workbench.engine import monitor as _monitor
@@ -18,6 +18,9 @@ from workbench.engine import train as _train
 from workbench.measure.records import Sink
 from workbench.measure.result import RunResult
 from workbench.views.dashboard import default_sinks
+
+if TYPE_CHECKING:
+    import torch
 
 
 def run(config: RunConfig, *, sinks: Iterable[Sink] | None = None, name: str | None = None,
@@ -60,7 +63,7 @@ class TrainingParts(NamedTuple):
     batches: Iterator[dict]
 
 
-def training_parts(config: RunConfig, *, device: str | None = None) -> TrainingParts:
+def training_parts(config: RunConfig, *, device: str | torch.device | None = None) -> TrainingParts:
     """What `run(config)` trains with, for a loop written by hand: the resolved config, the
     model (the same seeded weights, on `device`), its optimizer, and an endless iterator of
     batches (a new seeded shuffle each pass, as `run()`'s), each already on `device`.
@@ -76,7 +79,7 @@ def training_parts(config: RunConfig, *, device: str | None = None) -> TrainingP
     from workbench.switches import data_loading, optimizer
 
     c = run_config(config)
-    device = resolve_device(c.device) if device is None else checked_device(device)
+    device = resolve_device(c.device) if device is None else checked_torch_device(device)
     bundle = custom.load_bundle(c)  # what run() trains on, built the way run() builds it
     model = custom.load_model(c, bundle).to(device)
     loader = data_loading.loader(bundle.train, c, bundle.collate_fn)

@@ -168,6 +168,25 @@ def checked_device(device: Any, *, name: str = "device") -> str:
     return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
 
 
+def checked_torch_device(device: Any, *, name: str = "device") -> str:
+    """What `checked_device` takes, or one device as torch names it in a launched process
+    (`PartialState().device`: 'cpu:0', 'cuda:1', or a torch.device): its text. An index past the
+    GPUs visible, or another kind, refused in one line."""
+    import torch
+
+    if isinstance(device, torch.device):
+        device = str(device)
+    kind, _, index = device.partition(":") if isinstance(device, str) else (None, "", "")
+    if not index:
+        return checked_device(device, name=name)
+    if kind not in ("cpu", "cuda") or not index.isascii() or not index.isdigit():
+        raise ArgumentError(f"{name}={shown(device)} is not known; use one of: 'auto', 'cpu', 'cuda', 'cuda:N'")
+    if kind == "cuda" and int(index) >= torch.cuda.device_count():
+        raise ArgumentError(f"{name}={shown(device)} but {torch.cuda.device_count()} CUDA GPU(s) are visible; "
+                            f"use {name}='auto' or 'cpu'")
+    return device
+
+
 def listed(name: str, value: Any, example: str) -> list[Any]:
     """`value` as a list: a list, tuple or other sequence of items (not text, not a mapping, not one item)."""
     if isinstance(value, (str, bytes, dict)) or not isinstance(value, Iterable):

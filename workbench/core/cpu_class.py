@@ -24,6 +24,9 @@ from __future__ import annotations
 import functools
 import os
 
+from workbench.core import environment
+from workbench.core.arguments import shown
+
 CPU_CLASS_ENV_VAR = "WORKBENCH_CPU_CLASS"
 
 _AVX2 = frozenset({"avx", "avx2", "fma", "f16c"})
@@ -49,11 +52,11 @@ def presented_class() -> str | None:
         'avx512_fp16'
         >>> del os.environ["WORKBENCH_CPU_CLASS"]
     """
-    text = os.environ.get(CPU_CLASS_ENV_VAR, "").strip()
-    if not text:
+    text = environment.text(CPU_CLASS_ENV_VAR)
+    if text is None:
         return None
     if text.lower() not in CPU_CLASSES:
-        raise ValueError(f"{CPU_CLASS_ENV_VAR}={text!r} is not a CPU class: use one of {', '.join(CPU_CLASSES)} "
+        raise ValueError(f"{CPU_CLASS_ENV_VAR}={shown(text)} is not a CPU class: use one of {', '.join(CPU_CLASSES)} "
                          "(a test switch: it changes what the workbench decides, not the kernels), or unset it")
     return text.lower()
 
