@@ -34,7 +34,7 @@ from workbench.measure.flops import FlopCounter
 from workbench.measure.meters import MemoryMeter
 from workbench.measure.records import Sink, checked_sinks
 from workbench.measure.result import RunResult
-from workbench.switches import attention, checkpointing, compiling, data_loading, optimizer, precision, qat, sharding, trainable
+from workbench.switches import CONVERTERS, compiling, data_loading, optimizer, precision, sharding
 
 
 def _batches(accelerator, loader: Iterable, position: resume.DataPosition) -> Iterator[dict]:
@@ -165,12 +165,12 @@ def run(config: RunConfig, *, sinks: Iterable[Sink] = (), name: str | None = Non
         # Every arm of a comparison starts from the same weights (seeded as they are drawn). Your own
         # module: a deep copy trains (yours stays as it is), its forward checked on two samples first.
         r.model = model = custom.load_model(cfg, bundle)
-        # The switches that convert the model, in this order (each a module of workbench/switches):
-        model = checkpointing.apply(model, cfg)  # technique: checkpointing (recompute blocks in backward)
-        model = attention.apply(model, cfg)  # technique: fused attention ('sdpa': F.scaled_dot_product_attention)
-        model = trainable.apply(model, cfg)  # technique: train fewer parameters (freeze=, lora_rank=)
-        model = qat.apply(model, cfg)  # technique: QAT (Linear layers fake-quantize in forward)
-        model = sharding.apply(model, cfg)  # technique: sharding (each process keeps ~1/N of the state)
+        # The switches that convert the model, in switches.CONVERTERS' order, each a module of
+        # workbench/switches: checkpointing (recompute blocks in backward), fused attention ('sdpa'),
+        # train fewer parameters (freeze=, lora_rank=), QAT (Linear layers fake-quantize), sharding
+        # (each process keeps ~1/N of the state), ...: each returns the model it changed, or the same.
+        for switch in CONVERTERS:
+            model = switch.apply(model, cfg)  # technique: every converter switch, in order
         r.model, r.optimizer = model, optimizer.apply(model, cfg)  # technique: fused / foreach optimizer, over what trains
         loader = data_loading.loader(bundle.train, cfg, bundle.collate_fn)  # technique: input pipeline
         # prepare() moves the model and wraps its forward in autocast for fp16/bf16 (technique: precision).

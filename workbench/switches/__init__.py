@@ -22,3 +22,8 @@ from workbench.switches import attention, checkpointing, compiling, data_loading
 
 CHECKED = (precision, data_loading, checkpointing, attention, trainable, qat, optimizer, sharding, compiling)
 """The switches RunConfig checks, in this order, once every name is known to be one of its choices."""
+
+CONVERTERS = (checkpointing, attention, trainable, qat, sharding)
+"""The switches that convert the model, in the order run() applies them: each `apply(model, cfg)`
+returns the model it changed (or the same one when its field is off). Adding a converter is a line
+here, not one in the loop (docs/CONTRACTS.md, "Adding a switch")."""
