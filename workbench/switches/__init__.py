@@ -7,6 +7,7 @@ and what it adds to the estimate. In the order `run()` applies them (`# techniqu
     data_loading    the DataLoader's workers, pinning and prefetch                            (loop)
     checkpointing   recompute blocks in backward: none, all, every_other                     (converter)
     attention       the GPT's attention: explicit, or fused (sdpa)                            (converter)
+    memory_format   the CNN's 4-D tensors: contiguous (N,C,H,W), or channels_last (N,H,W,C)   (converter)
     trainable       freezing and LoRA: fewer parameters train                                 (converter)
     qat             quantization-aware training: Linear layers fake-quantize                  (converter)
     sharding        FSDP2: each process holds 1/N of the model state                          (converter)
@@ -18,12 +19,13 @@ core only; RunConfig (core/config/) reads their choices and runs their checks be
 allocated; measure, planner and engine call them. Adding one: docs/CONTRACTS.md.
 """
 
-from workbench.switches import attention, checkpointing, compiling, data_loading, optimizer, precision, qat, sharding, trainable
+from workbench.switches import (attention, checkpointing, compiling, data_loading, memory_format, optimizer, precision, qat,
+                                sharding, trainable)
 
-CHECKED = (precision, data_loading, checkpointing, attention, trainable, qat, optimizer, sharding, compiling)
+CHECKED = (precision, data_loading, checkpointing, attention, memory_format, trainable, qat, optimizer, sharding, compiling)
 """The switches RunConfig checks, in this order, once every name is known to be one of its choices."""
 
-CONVERTERS = (checkpointing, attention, trainable, qat, sharding)
+CONVERTERS = (checkpointing, attention, memory_format, trainable, qat, sharding)
 """The switches that convert the model, in the order run() applies them: each `apply(model, cfg)`
 returns the model it changed (or the same one when its field is off). Adding a converter is a line
 here, not one in the loop (docs/CONTRACTS.md, "Adding a switch")."""

@@ -31,7 +31,7 @@ from workbench.core.optim import IMPLEMENTATIONS, OPTIMIZERS
 from workbench.core.precisions import PRECISIONS, scaler_kwargs
 from workbench.core.presets import PRESETS, get_preset
 from workbench.core.trainable import FREEZE_CHOICES, LORA_TARGETS
-from workbench.switches import attention, checkpointing, compiling, qat, sharding
+from workbench.switches import attention, checkpointing, compiling, memory_format, qat, sharding
 
 __all__ = ["ConfigError", "RunConfig", "field_choices"]
 
@@ -51,6 +51,7 @@ LoraTargets = Literal[tuple(LORA_TARGETS)]
 Sharding = Literal[sharding.CHOICES]
 CompileMode = Literal[compiling.COMPILE_MODES]
 Attention = Literal[attention.CHOICES]
+MemoryFormat = Literal[memory_format.CHOICES]
 OptimizerImpl = Literal[tuple(IMPLEMENTATIONS)]
 
 
@@ -163,6 +164,9 @@ class RunConfig:
     attention: Attention = "explicit"
     """gpt: 'explicit' (matmul, mask, softmax, matmul: saves the s x s probabilities) or 'sdpa'
     (F.scaled_dot_product_attention: a fused kernel that keeps no s x s matrix)."""
+    memory_format: MemoryFormat = "contiguous"
+    """cnn (or your module with nn.Conv2d): 'channels_last' lays the 4-D weights and activations out
+    as N,H,W,C, the layout oneDNN and cuDNN convolve in natively; 'contiguous': torch's N,C,H,W."""
     optimizer_impl: OptimizerImpl = "default"
     """How the optimizer runs its update: 'for-loop' (parameter by parameter), 'foreach' (each op
     over all parameters at once), 'fused' (one kernel) or 'default' (torch's choice: foreach on
