@@ -93,7 +93,10 @@ def _technique(base: dict[str, Any], other: dict[str, Any]) -> str | None:
     changed = [k for k in base.keys() | other.keys() if k not in _NOT_A_TECHNIQUE and base.get(k) != other.get(k)]
     if len(changed) != 1 or not _baseline(base):
         return None
-    return _short(f"{changed[0]}={other.get(changed[0])}")
+    field, was, now = changed[0], base.get(changed[0]), other.get(changed[0])
+    if _DEFAULTS.get(field) is None and isinstance(was, (int, float)) and isinstance(now, (int, float)) and now < was:
+        return None  # a size (batch_size, seq_len): its effect is read growing, not also shrinking back
+    return _short(f"{field}={now}")
 
 
 def _speed(record: dict[str, Any]) -> float | None:
