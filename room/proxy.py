@@ -19,6 +19,61 @@ import ssl
 import sys
 
 
+STREAM_TIMEOUT_S = 12 * 3600
+"""A proxied response may stream this long: the hub's spawn progress (an EventSource) streams until the
+server is up, JupyterLab's event streams for as long as the page is open."""
+_HOP_BY_HOP = {"transfer-encoding", "connection", "keep-alive", "upgrade", "proxy-connection", "te", "trailer"}
+
+
+def streaming_handler():
+    """The package's ProxyHandler, with responses passed on as they arrive instead of read whole first.
+
+    configurable-http-proxy 0.4's handler fetches the whole upstream response, with tornado's default
+    20 s request timeout, before writing a byte: the hub's spawn-pending page, which waits on an
+    EventSource (/hub/api/users/NAME/server/progress), got a 503 after 20 s and never went on to the
+    learner's JupyterLab (seen here with four logins under load). This one writes each chunk as it comes.
+    """
+    from configurable_http_proxy.handlers import ProxyHandler
+    from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+    from tornado.httputil import HTTPHeaders
+
+    class StreamingProxyHandler(ProxyHandler):
+        async def call_proxy(self, path=None):
+            url = await self.get_target_url(path)
+            if url is None:
+                return
+            plain = self._get_proxy_request(url)
+            upstream: dict = {"code": None, "headers": HTTPHeaders(), "started": False}
+
+            def on_header(line: str) -> None:
+                if line.startswith("HTTP/"):  # a status line (again after a 100 Continue)
+                    upstream["code"], upstream["headers"] = int(line.split(" ", 2)[1]), HTTPHeaders()
+                elif line.strip():
+                    upstream["headers"].parse_line(line)
+                elif upstream["code"] != 100 and not upstream["started"]:
+                    self.set_status(upstream["code"])
+                    for key, value in upstream["headers"].get_all():
+                        if key.lower() not in _HOP_BY_HOP:
+                            (self.set_header if key.lower() in ("server", "content-type", "date") else self.add_header)(key, value)
+                    upstream["started"] = True
+
+            def on_chunk(chunk: bytes) -> None:
+                self.write(chunk)
+                self.flush()
+
+            request = HTTPRequest(url, method=plain.method, headers=plain.headers, body=plain.body,
+                                  follow_redirects=False, allow_nonstandard_methods=True, decompress_response=False,
+                                  connect_timeout=20, request_timeout=STREAM_TIMEOUT_S,
+                                  header_callback=on_header, streaming_callback=on_chunk)
+            response = await AsyncHTTPClient().fetch(request, raise_error=False)
+            if not upstream["started"]:
+                await self.handle_proxy_error(503, response.error)
+                return
+            self.finish()
+
+    return StreamingProxyHandler
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ip", default="")
@@ -49,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         "default_target": None, "host_routing": None, "custom_headers": {}, "timeout": None,
         "proxy_timeout": None, "x_forward": True, "prepend_path": True, "include_prefix": True, "storage_backend": None,
     })
+    from tornado.web import Application
+
+    proxy.proxy_app = Application([(r"/(.*)", streaming_handler(), {"proxy": proxy})])
     context = None
     if args.ssl_cert:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)

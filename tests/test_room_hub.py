@@ -161,3 +161,65 @@ def test_a_certificate_for_the_rooms_https(tmp_path):
     text = subprocess.run(["openssl", "x509", "-in", str(cert), "-noout", "-text"], capture_output=True, text=True).stdout
     assert "DNS:room.example" in text and "IP Address:127.0.0.1" in text
     assert oct(key.stat().st_mode & 0o777) == "0o600"
+
+
+def test_the_proxy_passes_a_stream_on_as_it_comes(tmp_path):
+    """The hub's spawn page waits on an event stream: each event must reach the browser when sent, not
+    after the stream ends (configurable-http-proxy 0.4's own handler read it whole, and gave up at 20 s)."""
+    import http.server
+    import socket
+    import threading
+    import time
+    import urllib.request
+
+    class Events(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for i in range(3):
+                data = f"data: {i}\n\n".encode()
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
+                time.sleep(1.0)
+            self.wfile.write(b"0\r\n\r\n")
+
+        def log_message(self, *args):
+            pass
+
+    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Events)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    proxy = subprocess.Popen([sys.executable, str(ROOT / "room/proxy.py"), "--ip", "127.0.0.1", "--port", str(ports[0]),
+                              "--api-ip", "127.0.0.1", "--api-port", str(ports[1]), "--log-level", "warning"],
+                             env={**os.environ, "CONFIGPROXY_AUTH_TOKEN": "t"})
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                route = urllib.request.Request(f"http://127.0.0.1:{ports[1]}/api/routes/events", method="POST",
+                                               data=json.dumps({"target": f"http://127.0.0.1:{upstream.server_port}"}).encode(),
+                                               headers={"Authorization": "token t"})
+                urllib.request.urlopen(route, timeout=5)
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proxy.poll() is None, "the proxy did not start"
+                time.sleep(0.3)
+        started = time.monotonic()
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/events/stream", timeout=30) as answer:
+            first = answer.readline()
+            first_at = time.monotonic() - started
+            rest = answer.read()
+        assert first == b"data: 0\n" and b"data: 2" in rest
+        assert first_at < 1.0, f"the first event arrived after {first_at:.1f} s: the stream was held back"
+    finally:
+        proxy.terminate()
+        proxy.wait(timeout=30)
+        upstream.shutdown()
