@@ -59,6 +59,40 @@ def _make(*args: str, env: dict) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+WATCH_CELL = """
+import json
+from workbench.lessons import room as lesson
+room = lesson.simulated_room(("learner-a",))
+open("room.json", "w").write(json.dumps({"url": room.url, "key": room.learner_keys["learner-a"]}))
+view = lesson.watch(room, every_s=1)
+view
+"""
+
+
+def test_the_teachers_view_refreshes_itself_while_a_learner_shares(jupyter_lab, page):
+    """No root, no hub: JupyterLab, the teacher's live view on a simulated room, and a share from outside
+    the kernel; the page shows it without a cell being run (the refresh task, widgets updated in place)."""
+    from workbench.measure import room as share
+
+    jupyter_lab.write_notebook("watch.ipynb", WATCH_CELL, "view.stop()\nroom.stop()")
+    page.goto(jupyter_lab.notebook_url("watch.ipynb"))
+    page.wait_for_selector(CELLS, timeout=90_000)
+    page.wait_for_function(IDLE_JS, timeout=120_000)
+    _run_cell(page, 0)
+    widgets = ".jp-NotebookPanel:not(.lm-mod-hidden) .jupyter-widgets"
+    page.wait_for_selector(f"{widgets} >> text=0 records from 0 learners", timeout=30_000)
+    where = json.loads((jupyter_lab.root / "room.json").read_text())
+    row = {"notebook": "00_tour", "exercise": "answer_a", "predicted": 2.0, "measured": 1.6, "kind": "ratio",
+           "unit": "x", "verdict": "wrong"}
+    made = share.records(predictions=[row], notebook="00_tour", name="Ada")
+    shared_at = time.monotonic()
+    share._call(where["url"], "POST", "records", body={"records": made}, timeout_s=30, key=where["key"])
+    page.wait_for_selector(f"{widgets} >> text=1 records from 1 learners", timeout=30_000)
+    seen_s = time.monotonic() - shared_at
+    assert "answer_a" in " ".join(_texts(page, widgets)) and seen_s < 30
+    _run_cell(page, 1)
+
+
 def _offline_env(base: dict, folder: Path) -> dict:
     """pip's index and npm's registry on a closed port, npm and node stubs that fail: `make room` must
     need neither (issue 40, point 3)."""

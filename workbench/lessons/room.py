@@ -118,10 +118,18 @@ class Watch:
         self.task: asyncio.Task | None = None
 
     def show(self, records: list[dict[str, Any]]) -> None:
-        self.output.clear_output(wait=True)
+        """Replace the output's contents in one trait change: from the refresh task, outside any cell's
+        execution, clear_output() and append_display_data() left the page showing the first read (seen
+        in the browser test: the status said 7 records, the tables 0)."""
+        from IPython.core.interactiveshell import InteractiveShell
+
+        formatter = InteractiveShell.instance().display_formatter.format
+        shown = []
         for view in (class_table(records), room_table(records), room_figure(records), outlier_table(records),
                      calibration_table(records), skipped_table(records)):
-            self.output.append_display_data(view)
+            data, metadata = formatter(view)
+            shown.append({"output_type": "display_data", "data": data, "metadata": metadata})
+        self.output.outputs = tuple(shown)
 
     def _read(self) -> list[dict[str, Any]] | RoomUnreadable:
         try:
