@@ -37,8 +37,9 @@ c.JupyterHub.cleanup_servers = True  # stopping the hub stops every learner's se
 c.JupyterHub.authenticator_class = "pam"
 c.PAMAuthenticator.open_sessions = False  # no login session to open for a web login (and none in a container)
 c.Authenticator.allowed_users = set(room["learners"]) | {room["teacher"]}
-c.Authenticator.admin_users = {room["teacher"]}  # /hub/admin: every learner's server, to see, stop, start
-c.JupyterHub.admin_access = False  # the teacher restarts a learner's server but does not open it
+# The teacher is the hub's admin: /hub/admin lists every learner's server, to stop, start, or open to help
+# (JupyterHub's admin role includes access to the servers: admin_access is deprecated and changes nothing).
+c.Authenticator.admin_users = {room["teacher"]}
 
 # The room's services, started and stopped with the hub:
 # - room: the store learners share to (workbench/measure/room_store.py), one key per account, on
