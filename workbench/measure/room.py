@@ -118,11 +118,12 @@ def _call(url: str, method: str, path: str, *, body: Any = None, timeout_s: floa
     server does (the exchange runs in a thread; past the deadline its socket is shut)."""
     data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
     answer: dict[str, Any] = {}
-    worker = threading.Thread(target=_exchange, args=(url, method, path, data, key or _key(), timeout_s, answer),
+    # the socket's own timeout a little past the deadline: the deadline below decides, not a race with it
+    worker = threading.Thread(target=_exchange, args=(url, method, path, data, key or _key(), timeout_s + 1, answer),
                               daemon=True, name="room-share")
     worker.start()
     worker.join(timeout_s)
-    if worker.is_alive():
+    if worker.is_alive() or isinstance(answer.get("error"), socket.timeout):
         sock = getattr(answer.get("conn"), "sock", None)
         if sock is not None:
             try:
