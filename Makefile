@@ -4,10 +4,10 @@ PY := $(if $(VIRTUAL_ENV)$(CONDA_PREFIX),python,.venv/bin/python)
 # The Python the set-up runs with and makes .venv from: `make learn PYTHON=python3.12` for another.
 PYTHON ?= $(if $(VIRTUAL_ENV)$(CONDA_PREFIX),python,python3)
 
-.PHONY: learn lab course-facts test test-presets test-spawn setup browser benchmark gpu-check preflight learner-copies run-all lock wheelhouse drift room room-stop room-reset
+.PHONY: learn lab course-facts test test-presets test-spawn setup browser benchmark gpu-check preflight learner-copies run-all lock wheelhouse drift room room-stop room-reset room-update room-cert
 
 # What each target installs (requirements/SET.txt): learn and lab the learner's set (the package,
-# JupyterLab, torchao); room adds JupyterHub and trackio; test (and setup, the default) adds the test stack too.
+# JupyterLab, torchao); room adds JupyterHub, its proxy and idle culler; test (and setup, the default) adds the test stack too.
 SET ?= test
 learn lab: SET = learn
 room: SET = room
@@ -117,9 +117,10 @@ gpu-check: setup
 	$(PY) scripts/gpu_check.py --out docs/gpu-reference
 
 # One machine serves the room (as root; docs/WORKSHOP.md "One machine for the room"): an account,
-# a copy of the notebooks and a CPU and memory limit for each of SEATS learners, JupyterHub in the
-# background on port 8000 (scripts/room_hub.py start --help: --memory, --cores, --preset, --port).
-# Names and passwords: /var/lib/workbench-room/roster.txt (root's only).
+# a copy of the notebooks and a CPU and memory limit for each of SEATS learners and the teacher (the
+# hub's admin), JupyterHub in the background on port 8000 with the room's store and the idle culler
+# (scripts/room_hub.py start --help: --memory, --cores, --preset, --port, --https, --cull-idle).
+# Names and passwords: /var/lib/workbench-room/roster.txt (root's only). Nothing from npm or the index.
 SEATS ?= 8
 room: setup
 	$(PY) scripts/room_hub.py start --learners $(SEATS) $(ROOM_ARGS)
@@ -131,3 +132,12 @@ room-stop:
 # Stop, then delete the learners' accounts with their work, and the room's files.
 room-reset:
 	$(PY) scripts/room_hub.py reset
+
+# The notebooks as they are now to every learner: a copy they have not changed is replaced, one they
+# changed is kept and the new version put beside it ("NN_name (update N).ipynb").
+room-update:
+	$(PY) scripts/room_hub.py update
+
+# A certificate for the room's HTTPS (HOST: the name learners type), then make room ROOM_ARGS=--https.
+room-cert:
+	$(PY) scripts/room_hub.py cert $(if $(HOST),--host $(HOST),)

@@ -1,25 +1,26 @@
 """The room's spawner: JupyterHub's LocalProcessSpawner, plus what a learner's server needs here.
 
 At each spawn, as root, before the learner's server starts:
-- their own copies of the notebooks (no outputs, no solutions) in ~/workbench, the missing ones only
-  (a copy there holds the learner's answers), owned by them, their home 0700;
+- their own copies of the notebooks (no outputs, no solutions) in ~/workbench: new ones, and fixed ones
+  they have not changed; a notebook they changed is never replaced (room/copies.py), their home 0700;
 - their cgroup (CPU and memory limit; room/limits.py), which the server joins before it drops to the
   learner's uid, so that its kernels are counted in it too.
-The server runs as the learner (setuid: PAM accounts are real system users), with the teacher's preset,
+The server runs as the learner (setuid: PAM accounts are real system users), with their key to the
+room's store (WORKBENCH_ROOM_KEY: sharing says who they are), the teacher's preset,
 one BLAS/OpenMP thread pool the size of the learner's cores, the hubs offline, and the room's kernel
 spec (room/kernel_start.py says in the notebook when the memory limit stopped the last kernel).
 """
 
 from __future__ import annotations
 
-import os
+import asyncio
 import pwd
-import shutil
 from pathlib import Path
 
 from jupyterhub.spawner import LocalProcessSpawner, set_user_setuid
-from traitlets import Dict, Float, Integer, Unicode
+from traitlets import Dict, Float, Integer, List, Unicode
 
+from room import copies as deliveries
 from room import limits
 
 NOTEBOOKS_FOLDER = "workbench"  # in the learner's home
@@ -31,28 +32,27 @@ class RoomSpawner(LocalProcessSpawner):
     memory_bytes = Integer(help="Memory per learner, all their notebooks together").tag(config=True)
     limit_mode = Unicode("rlimit", help="'cgroup v2', 'cgroup v1' or 'rlimit' (room/limits.py's mode())").tag(config=True)
     room_env = Dict(help="Environment every learner's server gets (the preset, threads, offline hubs)").tag(config=True)
+    room_keys = Dict(help="Account -> its key to the room's store (WORKBENCH_ROOM_KEY in their kernels)").tag(config=True)
+    state = Unicode(help="The room's state folder (what was delivered to whom)").tag(config=True)
+    teachers = List(help="Accounts that get the teacher's copies (the learners' and the room's notebook)").tag(config=True)
+    teacher_copies = Unicode(help="Folder of the teacher's copies").tag(config=True)
 
     def _limits(self) -> limits.Limits:
         return limits.Limits(cores=self.cores, memory_bytes=self.memory_bytes)
 
     def _give_copies(self) -> Path:
-        account = pwd.getpwnam(self.user.name)
-        home = Path(account.pw_dir)
+        home = Path(pwd.getpwnam(self.user.name).pw_dir)
         home.chmod(0o700)  # another learner can neither read nor change anything in it
-        folder = home / NOTEBOOKS_FOLDER
-        folder.mkdir(exist_ok=True)
-        os.chown(folder, account.pw_uid, account.pw_gid)
-        for notebook in sorted(Path(self.copies).glob("*.ipynb")):
-            target = folder / notebook.name
-            if not target.exists():  # a copy there is the learner's own work: never replaced
-                shutil.copyfile(notebook, target)
-                os.chown(target, account.pw_uid, account.pw_gid)
-                target.chmod(0o600)
-        return folder
+        # new notebooks, and fixed ones the learner has not changed; their own work is never replaced
+        source = self.teacher_copies if self.user.name in self.teachers else self.copies
+        deliveries.deliver_as(self.user.name, Path(source), Path(self.state), self.cmd[0])
+        return home / NOTEBOOKS_FOLDER
 
     def get_env(self) -> dict:
         env = super().get_env()
         env.update(self.room_env)
+        if self.user.name in self.room_keys:  # their key to the room's store: who they are when they share
+            env["WORKBENCH_ROOM_KEY"] = self.room_keys[self.user.name]
         return env
 
     def make_preexec_fn(self, name: str):
@@ -66,7 +66,7 @@ class RoomSpawner(LocalProcessSpawner):
         return preexec
 
     async def start(self):
-        folder = self._give_copies()
+        folder = await asyncio.get_running_loop().run_in_executor(None, self._give_copies)  # a process: off the hub's loop
         self.notebook_dir = str(folder)
         self._user_folders = limits.prepare(self.user.name, self._limits(), self.limit_mode)
         self.mem_limit = self.memory_bytes  # JupyterHub passes these on as MEM_LIMIT and CPU_LIMIT

@@ -2,7 +2,7 @@
 
     python scripts/install.py learn       # a learner: the package, JupyterLab, torchao (make learn, make lab)
     python scripts/install.py test        # + the test stack and the room's (make test, make setup)
-    python scripts/install.py room        # + JupyterHub and trackio (make room)
+    python scripts/install.py room        # + JupyterHub, its proxy and idle culler (make room)
     python scripts/install.py learn --open        # then the learner's copies in learners/ and JupyterLab on them
     python scripts/install.py learn --dry-run     # what it would do; pip resolves every pin, installs nothing
     python scripts/install.py wheelhouse DIR      # every wheel `test` needs (--set learn: a learner's), for offline

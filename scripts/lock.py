@@ -9,7 +9,7 @@ Windows: a pin that only one platform needs carries its marker, e.g. `appnope==.
 the same versions (it is their constraints file), one file per set the set-up installs:
 
     requirements/learn.txt   `make learn`, `make lab`      the package, JupyterLab, torchao
-    requirements/room.txt    `make room`                   + JupyterHub and trackio
+    requirements/room.txt    `make room`                   + JupyterHub, its proxy and idle culler
     requirements/test.txt    `make test`, `make setup`     + pytest, nbval, playwright (and the room's)
     requirements/dali.txt    opt-in, Linux                 NVIDIA DALI
 

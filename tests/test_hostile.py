@@ -2446,3 +2446,275 @@ def test_training_parts_takes_the_device_a_launched_process_names():
 
     _, model, _, batches = wb.training_parts(RunConfig(**TINY), device="cpu:0")
     assert next(model.parameters()).device == torch.device("cpu") and next(batches)["labels"].device.type == "cpu"
+
+
+# --- round 4: the room (issue 42): the door, each learner's records, a slow or wrong room, local only ---
+#
+# A careless or malicious classmate: records the teacher's views cannot show, writing or deleting as
+# another learner, a room that trickles bytes or answers garbage, a room that is not a URL. Everything on
+# loopback; each server here is a thread of this process and stops with its test.
+
+from workbench.lessons import room as room_lesson  # noqa: E402
+from workbench.measure import room as room_share  # noqa: E402
+from workbench.measure import room_records, room_store  # noqa: E402
+from workbench.views import room as room_views  # noqa: E402
+
+_FP = {"class": "CPU AVX2", "bf16": "emulated", "fp16": "emulated", "threads": 1, "device": "cpu"}
+_ROW = {"notebook": "01_mixed_precision", "exercise": "answer_a", "predicted": 2.0, "measured": 0.5,
+        "kind": "ratio", "unit": "x", "verdict": "wrong"}
+
+
+def _record(kind: str = "run", learner: str = "anon-1", speed: float = 100.0, **changes) -> dict:
+    base = {"workbench": 1, "kind": kind, "learner": learner, "notebook": "01_mixed_precision", "fingerprint": _FP}
+    if kind == "run":
+        base |= {"run": "mlp", "config": {"model": "mlp", "precision": "fp32"},
+                 "figures": {"status": "ok", "samples_per_sec": speed, "steps": 3}}
+    else:
+        base |= {"rows": [_ROW]}
+    return {**base, **changes}
+
+
+@pytest.fixture(scope="module")
+def tiny_result():
+    return run(RunConfig(**TINY))
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"name": 42}, "name=42 must be a non-empty string"),
+    ({"name": "a" * 65}, "name is 65 characters long: at most 64"),
+    ({"name": "Ada\x1b[2J"}, "holds control characters"),
+    ({"notebook": 7}, "notebook=7 must be the notebook's name"),
+    ({"predictions": [dict(_ROW, predicted=math.inf)]}, "rows[0].predicted=inf must be a finite number"),
+    ({"predictions": [dict(_ROW, measured=math.nan)]}, "rows[0].measured=nan must be a finite number"),
+    ({"predictions": [dict(_ROW, predicted=10**5000)]}, "rows[0].predicted="),
+    ({"predictions": [{k: v for k, v in _ROW.items() if k != "verdict"}]}, "rows[0].verdict=None must be"),
+    ({"predictions": [dict(_ROW, kind="vibes")]}, "rows[0].kind='vibes' must be one of"),
+    ({"predictions": ["2.0"]}, "rows[0]='2.0' must be a dict"),
+])
+def test_a_share_refuses_what_the_teachers_views_cannot_show_in_one_line(tiny_result, kwargs, field):
+    with pytest.raises(ValueError) as refused:
+        wb.share(tiny_result, room="http://127.0.0.1:9/services/room/", **kwargs)
+    message = str(refused.value)
+    assert field in message and "\n" not in message, message
+
+
+def test_a_run_with_a_negative_or_infinite_speed_is_refused_naming_the_figure(tiny_result):
+    for bad in (-1.45, math.inf):
+        hacked = dataclasses.replace(tiny_result, samples_per_sec=bad)
+        with pytest.raises(ValueError, match=r"figures\.samples_per_sec=-?inf|figures\.samples_per_sec=-1\.45 must be"):
+            wb.share(hacked, room="http://127.0.0.1:9/services/room/")
+
+
+@pytest.fixture()
+def door(tmp_path):
+    """The room's store on loopback: two learners and a teacher, each with a key."""
+    keys = {"key-ann": {"name": "ann", "teacher": False}, "key-bo": {"name": "bo", "teacher": False},
+            "key-teacher": {"name": "teacher", "teacher": True}}
+    server = room_store.serve(tmp_path / "records", keys)
+    yield f"http://127.0.0.1:{server.server_port}/", tmp_path / "records"
+    server.shutdown()
+    server.server_close()
+
+
+def _post(url: str, key: str | None, body: bytes, method: str = "POST", path: str = "records") -> tuple[int, dict]:
+    import urllib.error
+    import urllib.request
+
+    headers = {"Authorization": f"token {key}"} if key else {}
+    request = urllib.request.Request(url + path, data=body if method == "POST" else None, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+@pytest.mark.parametrize("record, field", [
+    (_record(learner=12), "learner=12 must be a non-empty string"),
+    (_record(notebook=None), "notebook=None must be a non-empty string"),
+    (_record(speed=-1.45), "figures.samples_per_sec=-1.45 must be a finite number >= 0"),
+    (_record(kind="predictions", rows=[dict(_ROW, predicted=1e400)]), "rows[0].predicted=inf"),
+    (_record(kind="predictions", rows=[{k: v for k, v in _ROW.items() if k != "verdict"}]), "rows[0].verdict=None"),
+    ({k: v for k, v in _record().items() if k != "figures"}, "figures=None must be a dict"),
+    (_record(fingerprint="CPU"), "fingerprint='CPU' must be a dict"),
+    (_record(workbench=2), "workbench=2: not a version-1 room record"),
+])
+def test_the_rooms_door_refuses_a_hand_made_record_naming_its_field(door, record, field):
+    url, folder = door
+    body = json.dumps({"records": [_record(), record]}).encode()
+    code, answer = _post(url, "key-ann", body)
+    assert code == 400 and answer["error"].startswith("record 1: ") and field in answer["error"], answer
+    assert not (folder / "ann.jsonl").exists()  # nothing of a refused share is kept, not even its good record
+
+
+@pytest.mark.parametrize("key, body, code", [
+    (None, json.dumps({"records": [_record()]}).encode(), 401),
+    ("key-guessed", json.dumps({"records": [_record()]}).encode(), 401),
+    ("key-ann", b"\xff\xfe not json", 400),
+    ("key-ann", json.dumps({"records": []}).encode(), 400),
+    ("key-ann", json.dumps([_record()]).encode(), 400),
+])
+def test_the_rooms_door_refuses_no_key_a_wrong_key_and_what_is_no_share(door, key, body, code):
+    url, folder = door
+    assert _post(url, key, body)[0] == code
+    assert not list(folder.glob("*.jsonl"))
+
+
+def test_one_learner_can_neither_write_as_nor_delete_another_and_the_teacher_can(door):
+    url, folder = door
+    assert _post(url, "key-ann", json.dumps({"records": [_record(learner="ann")]}).encode())[0] == 200
+    # bo sends a record that claims to be ann's, with ann's owner and id fields: filed as bo's, fresh id
+    code, stored = _post(url, "key-bo", json.dumps({"records": [_record(learner="ann", owner="ann", id="0" * 16)]}).encode())
+    assert code == 200 and stored["owner"] == "bo" and stored["stored"][0] != "0" * 16
+    everything = _post(url, "key-teacher", b"", method="GET")[1]["records"]
+    ann_id = next(r["id"] for r in everything if r["owner"] == "ann")
+    assert sorted(r["owner"] for r in everything) == ["ann", "bo"]
+    assert {r["owner"] for r in _post(url, "key-bo", b"", method="GET")[1]["records"]} == {"bo"}  # their own only
+    for victim in (ann_id, "0" * 16):
+        assert _post(url, "key-bo", b"", method="DELETE", path=f"records/{victim}")[0] == 403
+    assert _post(url, "key-ann", b"", method="DELETE", path=f"records/{ann_id}")[0] == 403  # not even their own
+    assert len(_post(url, "key-teacher", b"", method="GET")[1]["records"]) == 2
+    assert _post(url, "key-teacher", b"", method="DELETE", path=f"records/{ann_id}")[0] == 200
+    assert [r["owner"] for r in _post(url, "key-teacher", b"", method="GET")[1]["records"]] == ["bo"]
+
+
+_TEX = "$\\frac{1}{0}$ ^_^ {<b>x</b>}"
+_HOSTILE_RECORDS = [
+    _record(learner=42),                                                    # a name that is a number
+    _record(notebook=None),                                                 # an unnamed notebook
+    _record(speed=-1.45), _record(speed=-2.0, config={"model": "mlp", "precision": "bf16"}),
+    _record(learner=_TEX, config={"model": "mlp", "precision": _TEX}),      # TeX and markup in a name and a value
+    {k: v for k, v in _record().items() if k != "figures"},                 # a missing field
+    _record(kind="predictions", rows=[{k: v for k, v in _ROW.items() if k != "verdict"}]),
+    _record(kind="predictions", rows=[dict(_ROW, predicted=math.inf)]),     # an infinite prediction
+    "not a record", None, [1, 2],
+]
+
+
+def test_the_teachers_views_skip_each_bad_record_say_why_and_never_raise():
+    good = [_record(learner="anon-a", speed=100.0), _record(learner="anon-a", speed=50.0, config={"model": "mlp", "precision": "bf16"}),
+            _record(kind="predictions", learner="anon-a")]
+    records = good + _HOSTILE_RECORDS
+    assert room_views.room_table(records).rows == [["precision=bf16", "CPU AVX2", 1, "0.50x", "0.50-0.50x"]]
+    assert room_views.calibration_table(records).rows == [
+        ["01_mixed_precision", "answer_a", "ratio (x)", 1, "median predicted/measured 4.00"]]
+    assert room_views.outlier_table(records).rows == []
+    assert room_views.class_table(records).rows[0][:4] == ["CPU AVX2", 2, 3, 1]  # the TeX-named learner is shown
+    assert "record(s) skipped" in room_views.room_table(records).caption
+    skipped = room_views.skipped_table(records).rows
+    whys = [why for _, why in skipped]
+    assert len(skipped) == len(_HOSTILE_RECORDS) - 1  # the TeX learner's record is fine as text: it is shown, not parsed
+    for expected in ("learner=42", "notebook=None", "samples_per_sec=-1.45", "samples_per_sec=-2.0", "figures=None",
+                     "verdict=None", "predicted=inf", "must be a dict, not str", "must be a dict, not NoneType"):
+        assert any(expected in why for why in whys), (expected, whys)
+
+
+def test_learners_text_is_never_rendered_as_markup_or_math():
+    import io
+
+    tex_run = _record(learner=_TEX, speed=80.0, config={"model": "mlp", "precision": _TEX})
+    records = [_record(learner=_TEX, speed=100.0), tex_run]
+    html_out = room_views.room_table(records).to_html() + room_views.class_table(records).to_html()
+    assert "<b>x</b>" not in html_out and "&lt;b&gt;x&lt;/b&gt;" in html_out
+    figure = room_views.room_figure(records * 2)
+    figure.savefig(io.BytesIO(), format="png")  # mathtext would raise ParseSyntaxException on the label
+    assert [ax.get_title() for ax in figure.axes] == [f"precision={_TEX}"]
+    assert all(not text.get_parse_math() for ax in figure.axes for text in [ax.title, *ax.get_xticklabels()])
+
+
+def _hostile_server(behaviour: str):
+    """A server on loopback that accepts and then: trickles a byte a second, never answers, answers
+    garbage, answers HTML, or answers JSON that is not a room's."""
+    import socket
+    import threading as _threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    stop = _threading.Event()
+
+    def serve_one(conn):
+        with conn:
+            conn.settimeout(1)
+            try:
+                conn.recv(65536)
+            except OSError:
+                pass
+            answers = {
+                "garbage": b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\nhello world",
+                "html": b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: 20\r\n\r\n<html>a proxy</html>",
+                "not-a-room": b'HTTP/1.1 200 OK\r\nContent-Length: 13\r\n\r\n{"ok": "yes"}',
+                "not-http": b"SSH-2.0-OpenSSH_9.2\r\n",
+            }
+            if behaviour in answers:
+                conn.sendall(answers[behaviour])
+                return
+            for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"x" * 100000:
+                if stop.is_set():
+                    return
+                if behaviour == "trickle":
+                    try:
+                        conn.sendall(bytes([byte]))
+                    except OSError:
+                        return
+                stop.wait(0.5)
+
+    def accept():
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            _threading.Thread(target=serve_one, args=(conn,), daemon=True).start()
+
+    _threading.Thread(target=accept, daemon=True).start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}/services/room/", stop, listener
+
+
+@pytest.mark.parametrize("behaviour, said", [
+    ("trickle", "did not answer within 2 s"),
+    ("silent", "did not answer within 2 s"),
+    ("garbage", "answered HTTP 200 with something that is not a workbench room's answer (b'hello world')"),
+    ("html", "answered HTTP 200 with something that is not a workbench room's answer (b'<html>a proxy</html>')"),
+    ("not-a-room", "answered without storing all 1 records; tell the teacher"),
+    ("not-http", "answered something that is not HTTP"),
+])
+def test_a_slow_or_wrong_room_costs_the_learner_a_bounded_wait_and_one_line_naming_it(
+        monkeypatch, capsys, behaviour, said):
+    monkeypatch.setattr(room_share, "SHARE_TIMEOUT_S", 2.0)
+    url, stop, listener = _hostile_server(behaviour)
+    try:
+        started = time.monotonic()
+        assert wb.share(predictions=[_ROW], room=url) is False
+        took = time.monotonic() - started
+    finally:
+        stop.set()
+        listener.close()
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and took < 4.0, (took, out)
+    assert out[0].startswith(f"room: not shared: the room at {url} ") and said in out[0], out[0]
+    assert ("WORKBENCH_ROOM" in out[0] or "tell the teacher" in out[0] or "try again" in out[0]), out[0]
+
+
+@pytest.mark.parametrize("room", ["teacher/room", "room.local:8000", "teacher", "ftp://127.0.0.1/room",
+                                  "file:///etc/passwd", "http://", "http:///services/room/", "//127.0.0.1:8000/",
+                                  "http://127.0.0.1:port/", " http://127.0.0.1/ x", 8000])
+def test_a_room_that_is_no_explicit_http_url_is_refused_before_any_name_is_looked_up(monkeypatch, room):
+    import socket
+
+    def no_lookup(*args, **kwargs):
+        raise AssertionError(f"a name was looked up: {args}")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_lookup)
+    monkeypatch.setattr(socket, "create_connection", no_lookup)
+    with pytest.raises(ValueError) as refused:
+        wb.share(predictions=[_ROW], room=room)
+    message = str(refused.value)
+    assert message.startswith(f"room={room!r:.80}") and "\n" not in message, message
+    assert "http://HOST:PORT/services/room/" in message, message
+    monkeypatch.setenv("WORKBENCH_ROOM", str(room))
+    with pytest.raises(ValueError, match=r"^WORKBENCH_ROOM="):
+        wb.share(predictions=[_ROW])
+    with pytest.raises(ValueError, match=r"^WORKBENCH_ROOM="):
+        room_lesson.room_records()

@@ -77,6 +77,11 @@ LEDGER = {
     "conda env create -f environment.yml": (NOT_RUN, "", "CI has no conda; tests/test_lock.py checks environment.yml follows the lock"),
     # docs/WORKSHOP.md, "One machine for the room"
     "make room": (VARIANT, "tests/browser/test_room.py", "make -o setup room SEATS=3 ROOM_ARGS=... (loopback, a free port, a test prefix)"),
+    "make room SEATS=8 ROOM_ARGS=--https": (VARIANT, "tests/browser/test_room.py", "SEATS=3 with --https and its certificate made at start"),
+    "make room-cert HOST=room.lan": (VARIANT, "tests/test_room_hub.py", "make_certificate(tmp, 'room.example'): the same openssl call"),
+    "make room-update": (VARIANT, "tests/browser/test_room.py", "python scripts/room_hub.py update --from FOLDER (the fixed copies of a test)"),
+    "python scripts/room_hub.py restart learner03": (VARIANT, "tests/browser/test_room.py", "the admin page's Stop Server and Start Server, which the command calls the same hub API for"),
+    "python scripts/room_hub.py status": (NOT_RUN, "", "prints the hub API's users; the browser test reads the same API"),
     "make room SEATS=8": (VARIANT, "tests/browser/test_room.py", "SEATS=3, on loopback and a free port, as root"),
     'make room SEATS=8 ROOM_ARGS="--memory 3G --cores 2 --preset cpu --port 8080"':
         (VARIANT, "tests/browser/test_room.py", "ROOM_ARGS with --memory 1536M --cores 1 --preset cpu-quick, a free port"),

@@ -1,6 +1,6 @@
-"""Sharing with the room (issue 29, points 3 and 5): the fingerprint under caps, anonymity, a room
-that is down, refusing or full, two learners at once, the teacher's pooled view, and the teacher's
-command in docs/WORKSHOP.md run as written."""
+"""Sharing with the room (issues 29 and 40): the fingerprint under caps, anonymity, a room that is down,
+refusing or full, each learner's records their own, learners sharing at once, the teacher's pooled view.
+(What a hostile classmate or server tries: tests/test_hostile.py's room section.)"""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -31,7 +33,7 @@ from workbench.views import room as view
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 X86_AVX2 = {"avx2", "fma"} <= cpu_class._proc_cpu_flags()
 ROW = {"notebook": "01_mixed_precision", "exercise": "bf16 speed-up", "predicted": 2.0, "measured": 0.5,
-       "kind": "ratio", "unit": "x"}
+       "kind": "ratio", "unit": "x", "verdict": "wrong"}
 
 
 def _fingerprint_in(env: dict[str, str]) -> dict:
@@ -87,23 +89,30 @@ def result():
 
 
 def test_a_share_is_anonymous_unless_named(result):
-    entry = store.record(result, name=None, notebook=None)
-    assert entry["learner"].startswith("anon-") and entry["named"] is False
+    (entry,) = store.records(result)
+    assert entry["learner"].startswith("anon-") and entry["workbench"] == 1
     text = json.dumps(entry)
     for private in {getpass.getuser(), socket.gethostname(), str(pathlib.Path.home())} - {"", "/"}:
         if len(private) > 3:  # a short user name such as 'ci' could occur inside any word
             assert private not in text, f"{private!r} is in an anonymous share"
-    named = store.record(result, name="Ada", notebook="notebooks/01_mixed_precision.ipynb")
-    assert (named["learner"], named["named"], named["notebook"]) == ("Ada", True, "01_mixed_precision.ipynb")
+    (named,) = store.records(result, name="Ada", notebook="01_mixed_precision")
+    assert (named["learner"], named["notebook"]) == ("Ada", "01_mixed_precision")
     assert named["figures"]["samples_per_sec"] == result.samples_per_sec
     assert named["figures"]["steps"] == 3 and named["config"]["precision"] == "fp32"
 
 
+def test_runs_and_a_calibration_share_in_one_call(result):
+    calibration = wb.calibration(rows=[ROW])
+    made = store.records([result], predictions=calibration, notebook="01_mixed_precision")
+    assert [r["kind"] for r in made] == ["run", "predictions"]
+    assert made[1]["rows"] == [ROW] and made[1]["notebook"] == "01_mixed_precision"
+
+
 def test_a_bad_argument_or_ledger_row_is_one_clear_error():
-    with pytest.raises(TypeError, match="RunResult or a list of prediction-ledger rows, not dict"):
-        wb.share(ROW, room="http://127.0.0.1:9/")
-    with pytest.raises(ValueError, match="ledger row 0 lacks measured, unit"):
-        wb.share([{k: v for k, v in ROW.items() if k not in ("measured", "unit")}], room="http://127.0.0.1:9/")
+    with pytest.raises(TypeError, match="share\\(\\) takes a RunResult, several"):
+        wb.share({"not": "a result"}, room="http://127.0.0.1:9/")
+    with pytest.raises(ValueError, match=r"^predictions: rows\[0\]\.verdict=None must be a non-empty string$"):
+        wb.share([{k: v for k, v in ROW.items() if k != "verdict"}], room="http://127.0.0.1:9/")
 
 
 def _one_line(capsys) -> str:
@@ -121,10 +130,10 @@ def _closed_port() -> int:
 
 def test_a_room_that_is_down_is_one_line_and_the_result_is_untouched(result, capsys, monkeypatch):
     before = result.summary()
-    url = f"http://127.0.0.1:{_closed_port()}/?write_token=workshop"
+    url = f"http://127.0.0.1:{_closed_port()}/services/room/"
     assert wb.share(result, room=url) is False
     line = _one_line(capsys)
-    assert line.startswith("room: not shared: the room at http://127.0.0.1:") and "not answering" in line
+    assert line.startswith(f"room: not shared: the room at {url} is not answering") and "make room" in line
     assert result.summary() == before
     monkeypatch.delenv(store.ROOM_VARIABLE, raising=False)
     assert wb.share(result) is False
@@ -132,77 +141,89 @@ def test_a_room_that_is_down_is_one_line_and_the_result_is_untouched(result, cap
 
 
 class _FullStore(http.server.BaseHTTPRequestHandler):
-    """Answers like a trackio server whose store has no room left: 507, or (what trackio 0.43's own
-    server did on a full disk, measured here) 200 while dropping the write."""
+    """Answers like a room's store whose disk is full: 507 with its reason."""
 
-    drops = False
-
-    def _send(self, code: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        data = json.dumps({"error": "the store could not write (No space left on device): tell the teacher"}).encode()
+        self.send_response(507)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
 
-    def do_GET(self):  # trackio's client asks the server's API version first
-        from trackio.remote_client import HTTP_API_VERSION
-
-        self._send(200, {"api_version": HTTP_API_VERSION})
-
-    def do_POST(self):
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        if not self.drops:
-            self._send(507, {"error": "database or disk is full"})
-        else:  # bulk_log 'succeeds'; the run list read back is empty
-            self._send(200, {"data": [] if self.path.endswith("get_runs_for_project") else None})
+    do_GET = do_POST
 
     def log_message(self, *args):
         pass
 
 
-@pytest.mark.parametrize("drops, why", [
-    (False, "the room's store is full (HTTP 507); tell the teacher"),
-    (True, "the room answered but did not store 1 of 1 records (its store may be full); tell the teacher"),
-])
-def test_a_full_room_is_one_line(result, capsys, monkeypatch, drops, why):
-    monkeypatch.setattr(store, "CONFIRM_S", 0.3)
-    handler = type("Store", (_FullStore,), {"drops": drops})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+def test_a_full_room_is_one_line(result, capsys):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FullStore)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}/"
     try:
-        assert wb.share(result, room=f"http://127.0.0.1:{server.server_port}/?write_token=workshop") is False
+        assert wb.share(result, room=url) is False
+        with pytest.raises(store.RoomUnreadable, match=r"^room_records: the room at .* could not store it \(HTTP 507"):
+            store.room_records(url, key="k")
     finally:
         server.shutdown()
-    assert _one_line(capsys) == f"room: not shared: {why}; your result is unchanged"
+    assert _one_line(capsys) == (f"room: not shared: the room at {url} could not store it (HTTP 507: the store could "
+                                 "not write (No space left on device): tell the teacher); tell the teacher; "
+                                 "your result is unchanged")
 
 
 @pytest.fixture(scope="module")
 def room():
-    started = lesson.start_room(token="workshop")
+    started = lesson.simulated_room(("Ann", "Bo", "Cy"))
     yield started
     started.stop()
 
 
-def test_a_share_lands_in_the_room_and_a_wrong_token_is_refused(room, result, capsys):
+def _as(room, learner, monkeypatch):
+    monkeypatch.setenv(store.KEY_VARIABLE, room.learner_keys[learner])
+
+
+def test_a_share_lands_in_the_room_under_the_learners_account(room, result, capsys, monkeypatch):
+    _as(room, "Ann", monkeypatch)
     assert wb.share(result, room=room.url, name="Ada") is True
-    assert _one_line(capsys).startswith("room: shared 'Ada mlp fp32 b64' (CPU ")
-    mine = [r for r in lesson.room_records(room.url) if r["learner"] == "Ada"]
-    assert len(mine) == 1 and mine[0]["figures"]["samples_per_sec"] == result.samples_per_sec
-    assert wb.share(result, room=room.url.replace("workshop", "guess"), name="Eve") is False
-    assert "the room refused it (HTTP 400): check the write_token" in _one_line(capsys)
-    assert not [r for r in lesson.room_records(room.url) if r["learner"] == "Eve"]
+    assert _one_line(capsys).startswith(f"room: shared 1 run (CPU ")
+    mine = [r for r in room.records() if r["owner"] == "Ann"]
+    assert len(mine) == 1 and mine[0]["learner"] == "Ada"
+    assert mine[0]["figures"]["samples_per_sec"] == result.samples_per_sec
+    monkeypatch.setenv(store.KEY_VARIABLE, "a-guess")
+    assert wb.share(result, room=room.url) is False
+    assert "does not know this kernel's key: set WORKBENCH_ROOM_KEY" in _one_line(capsys)
 
 
-def test_a_comparison_or_a_monitored_loop_shares_too(room, result, capsys):
+def test_a_learner_reads_only_their_own_and_only_the_teacher_deletes(room, result, capsys, monkeypatch):
+    _as(room, "Bo", monkeypatch)
+    assert wb.share(result, room=room.url, name="Ann") is True  # Bo writing under Ann's name: filed as Bo's
+    capsys.readouterr()
+    theirs = store.room_records(room.url)
+    assert theirs and {r["owner"] for r in theirs} == {"Bo"}
+    victim = next(r for r in room.records() if r["owner"] == "Ann")
+    request = urllib.request.Request(f"{room.url}records/{victim['id']}", method="DELETE",
+                                     headers={"Authorization": f"token {room.learner_keys['Bo']}"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 403
+    assert victim["id"] in {r["id"] for r in room.records()}
+    request = urllib.request.Request(f"{room.url}records/{victim['id']}", method="DELETE",
+                                     headers={"Authorization": f"token {room.key}"})
+    assert urllib.request.urlopen(request, timeout=10).status == 200
+    assert victim["id"] not in {r["id"] for r in room.records()}
+
+
+def test_a_comparison_or_a_monitored_loop_shares_too(room, result, capsys, monkeypatch):
+    _as(room, "Cy", monkeypatch)
     loop = dataclasses.replace(result, name="by hand", config=LoopDescription("mlp", "bf16", 64, 1, "none", "cpu"))
-    assert wb.share(wb.compare([result, loop]), room=room.url, name="Cy") is True
-    assert _one_line(capsys).startswith("room: shared 2 runs (Cy mlp fp32 b64, Cy by hand) (CPU ")
-    mine = {r["run"]: r for r in lesson.room_records(room.url) if r["learner"] == "Cy"}
+    assert wb.share(wb.compare([result, loop]), room=room.url, notebook="01_mixed_precision") is True
+    assert _one_line(capsys).startswith("room: shared 2 runs (CPU ")
+    mine = {r["run"]: r for r in room.records() if r["owner"] == "Cy"}
     assert sorted(mine) == ["by hand", "mlp fp32 b64"]
     assert mine["by hand"]["config"] == {"model": "mlp", "precision": "bf16", "batch_size": 64, "grad_accum_steps": 1,
                                          "activation_checkpointing": "none", "device": "cpu"}
-    url = f"http://127.0.0.1:{_closed_port()}/?write_token=workshop"
+    url = f"http://127.0.0.1:{_closed_port()}/"
     assert wb.share([result, loop], room=url) is False
     assert _one_line(capsys).endswith("; your results are unchanged")
 
@@ -211,29 +232,38 @@ LEARNER = """
 import os, pathlib, sys, time
 import workbench as wb
 from workbench.measure import room
-room.fingerprint()  # imports done before the start line, so the two learners send together
+room.fingerprint()  # imports done before the start line, so the learners send together
 go = pathlib.Path(sys.argv[1])
 pathlib.Path(sys.argv[1] + "." + sys.argv[2]).touch()
 while not go.exists():
     time.sleep(0.01)
-row = {"notebook": "01", "exercise": "x", "predicted": 1.0, "measured": 1.0, "kind": "ratio", "unit": "x"}
-print(sum(wb.share([row], name=sys.argv[2]) for _ in range(10)))
+row = {"notebook": "01", "exercise": "x", "predicted": 1.0, "measured": 1.0, "kind": "ratio", "unit": "x",
+       "verdict": "right"}
+print(sum(wb.share(predictions=[row], name=sys.argv[2]) for _ in range(int(sys.argv[3]))))
 """
 
 
-def test_two_learners_sharing_at_once_lose_nothing(room, tmp_path):
-    go = tmp_path / "go"
-    env = {**os.environ, store.ROOM_VARIABLE: room.url, "PYTHONPATH": str(ROOT)}
-    learners = [subprocess.Popen([sys.executable, "-c", LEARNER, str(go), who], env=env, stdout=subprocess.PIPE,
-                                 text=True) for who in ("Ann", "Bo")]
-    deadline = time.monotonic() + 120
-    while not all((tmp_path / f"go.{who}").exists() for who in ("Ann", "Bo")) and time.monotonic() < deadline:
+def share_at_once(room, learners: list[str], shares: int, folder: pathlib.Path) -> list[int]:
+    """Each learner a process of its own, all released together, each sharing `shares` times."""
+    go = folder / "go"
+    procs = []
+    for who in learners:
+        env = {**os.environ, store.ROOM_VARIABLE: room.url, store.KEY_VARIABLE: room.learner_keys[who],
+               "PYTHONPATH": str(ROOT)}
+        procs.append(subprocess.Popen([sys.executable, "-c", LEARNER, str(go), who, str(shares)], env=env,
+                                      stdout=subprocess.PIPE, text=True))
+    deadline = time.monotonic() + 300
+    while not all((folder / f"go.{who}").exists() for who in learners) and time.monotonic() < deadline:
         time.sleep(0.05)
     go.touch()
-    sent = [int(p.communicate(timeout=120)[0].strip().splitlines()[-1]) for p in learners]
-    assert sent == [10, 10]
-    landed = [r["learner"] for r in lesson.room_records(room.url)]
-    assert (landed.count("Ann"), landed.count("Bo")) == (10, 10)
+    return [int(p.communicate(timeout=300)[0].strip().splitlines()[-1]) for p in procs]
+
+
+def test_learners_sharing_at_once_lose_nothing(room, tmp_path):
+    before = {r["id"] for r in room.records()}
+    assert share_at_once(room, ["Ann", "Bo"], 10, tmp_path) == [10, 10]
+    new = sorted(r["owner"] for r in room.records() if r["id"] not in before)
+    assert new == ["Ann"] * 10 + ["Bo"] * 10
 
 
 def _fp(cls: str, bf16: str = "emulated", threads: int = 4, device: str = "cpu") -> dict:
@@ -244,8 +274,8 @@ def _fp(cls: str, bf16: str = "emulated", threads: int = 4, device: str = "cpu")
 def _run(learner: str, fp: dict, samples_per_sec: float, status: str = "ok", **changed) -> dict:
     config = {"model": "mlp", "precision": "fp32", "grad_accum_steps": 1, "batch_size": 64, "log_every": 10,
               **changed}
-    return {"workbench": 1, "kind": "run", "learner": learner, "fingerprint": fp, "config": config,
-            "figures": {"status": status, "samples_per_sec": samples_per_sec}}
+    return {"workbench": 1, "kind": "run", "learner": learner, "notebook": "01_mixed_precision", "run": "r",
+            "fingerprint": fp, "config": config, "figures": {"status": status, "samples_per_sec": samples_per_sec}}
 
 
 def _room() -> list[dict]:
@@ -259,7 +289,8 @@ def _room() -> list[dict]:
                 _run("Ada", xeon, 900, grad_accum_steps=4),
                 _run("Ada", xeon, 5000, precision="bf16", grad_accum_steps=4),  # two fields changed: no pair
                 _run("Ada", xeon, 9000, status="oom", precision="fp16")]       # failed: not an effect
-    records.append({"workbench": 1, "kind": "predictions", "learner": "anon-1", "fingerprint": _fp("CPU AVX2"),
+    records.append({"workbench": 1, "kind": "predictions", "learner": "anon-1", "notebook": "01_mixed_precision",
+                    "fingerprint": _fp("CPU AVX2"),
                     "rows": [ROW, {**ROW, "predicted": 1.0}, {**ROW, "exercise": "which", "kind": "choice",
                                                                "predicted": "bf16", "measured": "fp32", "unit": ""}]})
     return records
@@ -294,58 +325,3 @@ def test_the_room_shows_its_calibration():
 def test_the_room_figure_has_a_panel_per_technique():
     fig = view.room_figure(_room())
     assert [ax.get_title() for ax in fig.axes] == ["grad_accum_steps=4", "precision=bf16"]
-
-
-# docs/WORKSHOP.md's "What the room measured": each bash command, and where it runs as written.
-DOC_COMMANDS = {
-    "TRACKIO_DIR=room-store TRACKIO_WRITE_TOKEN=workshop .venv/bin/trackio show --project workbench-room":
-        "test_the_teachers_command_starts_a_room_learners_can_share_with",
-}
-
-
-def test_every_room_command_in_the_workshop_doc_runs_here():
-    text = (ROOT / "docs" / "WORKSHOP.md").read_text()
-    section = text.split("## What the room measured", 1)[1].split("\n## ", 1)[0]
-    shown = {line.strip() for block in re.findall(r"```bash\n(.*?)```", section, re.S) for line in block.splitlines()
-             if line.strip()}
-    assert shown == set(DOC_COMMANDS)
-    this = pathlib.Path(__file__).read_text()
-    for command, test in DOC_COMMANDS.items():
-        assert f"def {test}(" in this
-
-
-def test_the_teachers_command_starts_a_room_learners_can_share_with(tmp_path, result, capsys):
-    (tmp_path / ".venv").symlink_to(pathlib.Path(sys.executable).parent.parent)  # the repo's .venv, here
-    command = next(iter(DOC_COMMANDS))
-    # BROWSER: the CLI opens a tab; unbuffered: it prints its URL into a pipe, then serves forever
-    server = subprocess.Popen(["bash", "-c", command], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, env={**os.environ, "BROWSER": "true", "PYTHONUNBUFFERED": "1"},
-                              start_new_session=True)
-    try:
-        url = None
-        for line in server.stdout:  # '* Trackio UI launched at: http://127.0.0.1:7860/'
-            found = re.search(r"launched at: (http://\S+/)", line)
-            if found:
-                url = found.group(1)
-                break
-        assert url, "trackio show printed no URL"
-        assert wb.share(result, room=f"{url}?write_token=workshop", name="Ada") is True
-        capsys.readouterr()
-        assert [r["learner"] for r in lesson.room_records(url)] == ["Ada"]
-        assert (tmp_path / "room-store" / "workbench-room.db").exists()
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)  # bash and the trackio it started
-        server.wait(timeout=30)
-
-
-def test_reading_a_room_that_is_down_or_full_is_one_line():
-    with pytest.raises(store.RoomUnreadable) as down:
-        store.room_records(f"http://127.0.0.1:{_closed_port()}/?write_token=workshop")
-    assert str(down.value).startswith("room_records: the room at http://127.0.0.1:") and "\n" not in str(down.value)
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), type("Store", (_FullStore,), {"drops": False}))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        with pytest.raises(store.RoomUnreadable, match=r"^room_records: the room's store is full \(HTTP 507\)$"):
-            store.room_records(f"http://127.0.0.1:{server.server_port}/")
-    finally:
-        server.shutdown()

@@ -9,8 +9,9 @@ float() takes 'inf' and '1e400'; none of these is a step count or a card's memor
 The package reads: WORKBENCH_PRESET (core.presets), WORKBENCH_MAX_STEPS and
 WORKBENCH_MAX_EVAL_SAMPLES (core.presets), WORKBENCH_GPU_MEMORY_GIB (core.hardware),
 WORKBENCH_HEADLESS (views.dashboard), WORKBENCH_CPU_CLASS (core.cpu_class); WORKBENCH_INDUCTOR_CACHE_DIR (core.compile_cache) is
-only compared with a folder workbench chose itself; WORKBENCH_ROOM and WORKBENCH_LEDGER are
-read by the room and the prediction ledger.
+only compared with a folder workbench chose itself; WORKBENCH_ROOM, WORKBENCH_ROOM_KEY and
+WORKBENCH_ROOM_CA (measure.room) and WORKBENCH_LEDGER are read by the room and the prediction ledger;
+WORKBENCH_LEARNER is only set, for the teacher notebook's simulated learners (lessons.room.as_learner).
 
 Example:
     >>> import os; os.environ["WORKBENCH_MAX_STEPS"] = "²"
