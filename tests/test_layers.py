@@ -145,16 +145,16 @@ def test_the_checker_sees_function_level_and_relative_imports(tmp_path: pathlib.
 # in these packages counts, docstrings and comments too: they are what the learner reads.
 CORE_PACKAGES = ("core", "switches", "engine", "measure", "views")
 CORE_LINE_TARGET = 8_000
-"""Issue 39's target. Not met yet: 11,702 lines on 2026-12-02 (this branch after merging main).
-What would move out, per docs/LAYOUT.md: the classroom's modules (measure/room.py, views/room.py,
-core/fingerprint.py), the planner's counters (measure/live.py, communication.py) and TP/PP wrappers
-(switches/parallelize.py), the notebooks' helpers (measure/probe.py, contention.py, views/figures_*):
-1,740 lines, leaving ~1,960 over, in machine quirks (hardware, cpu_class, compile_cache,
-torchao_support), hostile-input checks (arguments, limits, label_range, environment), your own model
-(custom.py), resume and launching."""
-CORE_LINE_CEILING = 12_400
-"""What the test holds today: the count above plus the ~625 lines wt-room's merge adds to
-measure/room.py and views/room.py. Lower it as modules move out; raise it only with a reason."""
+"""Issue 39's target. Not met yet: 12,401 lines on 2026-12-02 (this branch after merging main with
+wt-room), 4,401 over. What would move out, per docs/LAYOUT.md: the classroom's modules
+(measure/room.py, room_records.py, room_store.py, views/room.py, core/fingerprint.py), the planner's
+counters (measure/live.py, communication.py) and TP/PP wrappers (switches/parallelize.py), the
+notebooks' helpers (measure/probe.py, contention.py, views/figures_*): 2,365 lines, leaving ~2,040
+over, in machine quirks (hardware, cpu_class, compile_cache, torchao_support), hostile-input checks
+(arguments, limits, label_range, environment), your own model (custom.py), resume and launching."""
+CORE_LINE_CEILING = 12_500
+"""What the test holds today: the count above and ~100 lines for the branches still merging this
+session. Lower it as modules move out; raise it only with a reason."""
 
 
 def core_lines() -> dict[str, int]:
