@@ -289,6 +289,9 @@ def test_three_learners_run_all_of_00_and_the_teacher_watches_them_share(room, l
     assert "batch_size=" in view and "answer_a" in view, view[:1500]  # an effect per learner, and the prediction
     records = [json.loads(line) for path in (room["state"] / "records").glob("*.jsonl") for line in path.read_text().splitlines()]
     assert sorted({r["owner"] for r in records}) == sorted(n for n, _ in learners)  # each filed under its account
+    # a saves their work, as a learner does before moving on (JupyterLab's autosave comes every 120 s: a
+    # Run All shorter than that left a's answer unsaved, and the update test below found the old file)
+    learners[0][1].keyboard.press("Control+s")
 
 
 def test_a_learner_cannot_read_or_change_another_learners_files(room, learners):
