@@ -29,6 +29,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -71,14 +72,12 @@ TARGETS = {
 
 
 def read_pins(path: Path) -> list[tuple[str, str, str]]:
-    pins = []
-    for raw in path.read_text().splitlines():
-        line = raw.split("#")[0].strip()
-        if line:
-            requirement, _, marker = line.partition(";")
-            name, _, version = requirement.partition("==")
-            pins.append((canonicalize_name(name.strip()), version.strip(), marker.strip()))
-    return pins
+    """(name, version, marker) per pin, read as the set-up reads them (scripts/install.py)."""
+    spec = importlib.util.spec_from_file_location("workbench_install_script", ROOT / "scripts" / "install.py")
+    install = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = install  # its dataclasses look their module up there
+    spec.loader.exec_module(install)
+    return [tuple(pin) for pin in install.read_pins(path)]
 
 
 # A package's file list, kept a day: the pinned versions' files do not change (a yank would show a day late).

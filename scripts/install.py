@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -234,14 +235,20 @@ class Pin(NamedTuple):  # not a dataclass: tests/conftest.py loads lock.py witho
         return f"{self.name}=={self.version}" + (f" ; {self.marker}" if self.marker else "")
 
 
+def pin_name(requirement: str) -> str:
+    """A requirement's package name as the lock writes it (PEP 503: lower case, '-' for '_' and '.')."""
+    return re.split(r"[<>=!~;\[ @]", requirement.strip(), maxsplit=1)[0].strip().lower().replace("_", "-").replace(".", "-")
+
+
 def read_pins(path: Path) -> list[Pin]:
+    """The pins of a requirements file (lock.txt or a set's), comments and blank lines skipped."""
     pins = []
     for raw in path.read_text().splitlines():
         line = raw.split("#")[0].strip()
         if line:
             requirement, _, marker = line.partition(";")
             name, _, version = requirement.partition("==")
-            pins.append(Pin(name.strip().lower().replace("_", "-"), version.strip(), marker.strip()))
+            pins.append(Pin(pin_name(name), version.strip(), marker.strip()))
     return pins
 
 

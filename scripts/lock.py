@@ -24,6 +24,7 @@ releases would break before the lock moves to them.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import shutil
@@ -32,7 +33,6 @@ import sys
 import tempfile
 import tomllib
 from pathlib import Path
-from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUIREMENTS = ROOT / "requirements"
@@ -51,29 +51,22 @@ BUILD = ["setuptools>=77", "pip>=25"]
 UV = "uv==0.13.9"  # the resolver `make lock` installs into the environment if it has none
 
 
-class Pin(NamedTuple):  # not a dataclass: tests/conftest.py loads lock.py without registering it as a module
-    name: str
-    version: str
-    marker: str = ""
+def _install_script():
+    """scripts/install.py, loaded by its path (tests load this file the same way, not as a module)."""
+    spec = importlib.util.spec_from_file_location("workbench_install_script", Path(__file__).with_name("install.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
-    def line(self) -> str:
-        return f"{self.name}=={self.version}" + (f" ; {self.marker}" if self.marker else "")
 
-
-def _name(requirement: str) -> str:
-    return re.split(r"[<>=!~;\[ @]", requirement.strip(), maxsplit=1)[0].strip().lower().replace("_", "-").replace(".", "-")
+# One reading of a requirements file, the set-up's (install.py: standard library only).
+_install = _install_script()
+Pin, _name = _install.Pin, _install.pin_name
 
 
 def read_pins(path: Path = LOCK) -> list[Pin]:
-    pins = []
-    for raw in path.read_text().splitlines():
-        line = raw.split("#")[0].strip()
-        if not line:
-            continue
-        requirement, _, marker = line.partition(";")
-        name, _, version = requirement.partition("==")
-        pins.append(Pin(_name(name), version.strip(), marker.strip()))
-    return pins
+    return _install.read_pins(path)
 
 
 def read_lock(path: Path = LOCK) -> dict[str, str]:

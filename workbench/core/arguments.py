@@ -156,6 +156,16 @@ def label(name: str, value: Any, *, example: str) -> str:
     return value
 
 
+def finite(value: Any) -> bool:
+    """A real number (not a bool) whose float is finite: not nan or inf, and no 5,000-digit integer."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
 def checked_device(device: Any, *, name: str = "device") -> str:
     """`device` resolved ('auto': 'cuda' where a GPU is visible, else 'cpu'); anything but 'auto',
     'cpu' or 'cuda', or 'cuda' without a GPU, refused in one line (before torch reads it)."""

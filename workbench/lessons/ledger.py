@@ -46,8 +46,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workbench.core.arguments import finite
 from workbench.core.report import Report, format_bytes
-from workbench.lessons.ledger_file import (UNITS, LedgerRead, LedgerRefused, _finite, append_row, ledger_path,
+from workbench.lessons.ledger_file import (UNITS, LedgerRead, LedgerRefused, append_row, ledger_path,
                                           read_ledger, read_rows, valid_row)
 
 __all__ = ["UNITS", "LedgerRead", "LedgerRefused", "ledger_path", "read_ledger", "read_rows", "valid_row", "record",
@@ -131,7 +132,7 @@ def record(predicted: Any, measured: Any, *, verdict: str, kind: str | None = No
 def ratio(row: dict[str, Any]) -> float | None:
     """predicted / measured for a numeric row with both finite and above zero, else None."""
     p, m = row.get("predicted"), row.get("measured")
-    if row.get("kind") == "choice" or not (_finite(p) and _finite(m)) or p <= 0 or m <= 0:
+    if row.get("kind") == "choice" or not (finite(p) and finite(m)) or p <= 0 or m <= 0:
         return None
     r = float(p) / float(m)
     return r if math.isfinite(r) and r > 0 else None

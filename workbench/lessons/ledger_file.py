@@ -12,13 +12,14 @@ The row format is lessons/ledger.py's.
 from __future__ import annotations
 
 import json
-import math
 import os
 import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from workbench.core.arguments import finite
 
 UNITS = {"ratio": "x", "bytes": "B", "count": "", "seconds": "s", "choice": ""}
 # A row the ledger writes is ~300 bytes; a learner's ledger after the whole course ~40 rows. A line
@@ -97,16 +98,6 @@ def _warn_once(key: str, line: str) -> None:
         print(line, file=sys.stderr)
 
 
-def _finite(value: Any) -> bool:
-    """A number a float holds, finite (not a bool, not nan or inf, no 5,000-digit integer)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    try:
-        return math.isfinite(float(value))
-    except OverflowError:
-        return False
-
-
 def valid_row(row: Any) -> bool:
     """Whether `row` is one the ledger wrote: a dict with a known kind, a text verdict, and a
     predicted and measured value that are both finite numbers (a choice: text or a bool)."""
@@ -116,8 +107,8 @@ def valid_row(row: Any) -> bool:
         return False
     values = (row.get("predicted", ...), row.get("measured", ...))
     if row["kind"] == "choice":
-        return all(isinstance(v, (str, bool)) or _finite(v) for v in values)
-    return all(_finite(v) for v in values)
+        return all(isinstance(v, (str, bool)) or finite(v) for v in values)
+    return all(finite(v) for v in values)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,8 @@ import math
 import re
 from typing import Any
 
+from workbench.core.arguments import finite
+
 VERSION = 1
 """The format's version (the "workbench" field): a reader refuses versions it does not know."""
 KINDS = ("run", "predictions")
@@ -57,16 +59,6 @@ def _text(value: Any, field: str, limit: int = MAX_TEXT, fix: str = "") -> str |
     if not _PRINTABLE.fullmatch(value):
         return f"{field}={shown(value, 60)} holds control characters{fix}"
     return None
-
-
-def finite(value: Any) -> bool:
-    """A real number (not a bool) whose float is finite: a 5,000-digit int is not."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    try:
-        return math.isfinite(float(value))
-    except OverflowError:
-        return False
 
 
 def _number(value: Any, field: str, *, low: float = 0.0, optional: bool = True, whole: bool = False) -> str | None:
