@@ -2475,7 +2475,7 @@ def _record(kind: str = "run", learner: str = "anon-1", speed: float = 100.0, **
 
 
 @pytest.fixture(scope="module")
-def tiny_result():
+def shared_run():
     return run(RunConfig(**TINY))
 
 
@@ -2491,16 +2491,16 @@ def tiny_result():
     ({"predictions": [dict(_ROW, kind="vibes")]}, "rows[0].kind='vibes' must be one of"),
     ({"predictions": ["2.0"]}, "rows[0]='2.0' must be a dict"),
 ])
-def test_a_share_refuses_what_the_teachers_views_cannot_show_in_one_line(tiny_result, kwargs, field):
+def test_a_share_refuses_what_the_teachers_views_cannot_show_in_one_line(shared_run, kwargs, field):
     with pytest.raises(ValueError) as refused:
-        wb.share(tiny_result, room="http://127.0.0.1:9/services/room/", **kwargs)
+        wb.share(shared_run, room="http://127.0.0.1:9/services/room/", **kwargs)
     message = str(refused.value)
     assert field in message and "\n" not in message, message
 
 
-def test_a_run_with_a_negative_or_infinite_speed_is_refused_naming_the_figure(tiny_result):
+def test_a_run_with_a_negative_or_infinite_speed_is_refused_naming_the_figure(shared_run):
     for bad in (-1.45, math.inf):
-        hacked = dataclasses.replace(tiny_result, samples_per_sec=bad)
+        hacked = dataclasses.replace(shared_run, samples_per_sec=bad)
         with pytest.raises(ValueError, match=r"figures\.samples_per_sec=-?inf|figures\.samples_per_sec=-1\.45 must be"):
             wb.share(hacked, room="http://127.0.0.1:9/services/room/")
 

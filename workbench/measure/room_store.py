@@ -205,12 +205,19 @@ class Handler(BaseHTTPRequestHandler):
         self._answer(200 if self.store.delete(record_id) else 404, {"deleted": record_id})
 
 
+class _Server(ThreadingHTTPServer):
+    # A room's learners share together (Run All ends at about the same time): socketserver's backlog of 5
+    # drops the rest of a burst's connections, which the kernel retries 1, 3, 7 s later, past a share's
+    # deadline under load (tests/test_room_scale.py lost 3 of 20 learners so in CI).
+    request_queue_size = 128
+    daemon_threads = True
+
+
 def serve(store: Path, keys: dict[str, dict[str, Any]], *, ip: str = "127.0.0.1", port: int = 0,
           prefix: str = "/") -> ThreadingHTTPServer:
     """The store's server, bound (port 0: a free one) and serving in a daemon thread."""
     handler = type("RoomHandler", (Handler,), {"store": Store(store), "keys": keys, "prefix": prefix})
-    server = ThreadingHTTPServer((ip, port), handler)
-    server.daemon_threads = True
+    server = _Server((ip, port), handler)
     threading.Thread(target=server.serve_forever, daemon=True, name="room-store").start()
     return server
 
