@@ -4,7 +4,7 @@ PY := $(if $(VIRTUAL_ENV)$(CONDA_PREFIX),python,.venv/bin/python)
 # The Python the set-up runs with and makes .venv from: `make learn PYTHON=python3.12` for another.
 PYTHON ?= $(if $(VIRTUAL_ENV)$(CONDA_PREFIX),python,python3)
 
-.PHONY: learn lab course-facts test test-presets test-spawn setup browser benchmark gpu-check preflight learner-copies run-all lock wheelhouse drift room room-stop room-reset room-update room-cert
+.PHONY: learn lab course-facts test test-room test-presets test-spawn setup browser benchmark gpu-check preflight learner-copies run-all lock wheelhouse drift room room-stop room-reset room-update room-cert
 
 # What each target installs (requirements/SET.txt): learn and lab the learner's set (the package,
 # JupyterLab, torchao); room adds JupyterHub, its proxy and idle culler; test (and setup, the default) adds the test stack too.
@@ -51,9 +51,15 @@ lab: setup
 # Single-threaded BLAS and offline hubs: what CI runs; timings comparable run to run. Two passes
 # (scripts/run_tests.py, which needs no make): TEST_WORKERS pytest-xdist workers (default 2), a file
 # to a worker so a notebook's cells share one kernel; then the tests marked `serial`
-# (tests/conftest.py: the browser, the room, timings that need the cores) alone.
+# (tests/conftest.py: the dashboard in a browser, timings that need the cores) alone.
 test: setup browser
 	$(PY) scripts/run_tests.py $(PYTEST_ARGS)
+
+# The room on one machine in four browsers (tests/browser/test_room.py, as root; it skips otherwise):
+# `make room` with the index and npm unreachable, a teacher and three learners, the admin's restart,
+# an updated notebook, the idle culler. ~4 minutes alone, so not in `make test`; CI runs both.
+test-room: setup browser
+	$(PY) scripts/run_tests.py --room $(PYTEST_ARGS)
 
 benchmark: setup
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PY) benchmarks/overhead.py

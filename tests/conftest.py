@@ -53,11 +53,19 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[_HOG_KEY] = (hog, hog.__enter__())
 
 
+# The room in four browsers (a hub, accounts, three Run Alls and the idle culler's two minutes: ~4 min
+# alone) is its own target, `make test-room`, which CI runs after `make test`: with it, make test passed
+# 10 minutes on this 2-core machine.
+ROOM = "tests/browser/test_room.py"
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if any(item.nodeid.startswith(prefix) for prefix in SERIAL):
             item.add_marker(pytest.mark.serial)
+        if item.nodeid.startswith(ROOM):
+            item.add_marker(pytest.mark.room)
 
 
 @pytest.fixture(autouse=True)

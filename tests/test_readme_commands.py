@@ -26,6 +26,7 @@ LEDGER = {
     "make learn": (AS_WRITTEN, ".ci/check-learn.sh", "make learn"),
     "make test": (AS_WRITTEN, ".ci/run", "make test"),
     "make test-presets": (AS_WRITTEN, ".ci/run", "make test-presets"),
+    "make test-room": (AS_WRITTEN, ".ci/run", "make test-room"),
     "make test-spawn": (AS_WRITTEN, ".ci/run", "make test-spawn"),
     "make learner-copies": (AS_WRITTEN, ".ci/run", "make learner-copies"),
     "make preflight": (AS_WRITTEN, ".ci/run", "make preflight"),
