@@ -127,16 +127,18 @@ class Attention(nn.Module):
 
     def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v as (batch, heads, positions, head width)."""
-        B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
+        B, T, _ = x.shape
+        qkv = self.c_attn(x)
+        C = qkv.size(-1) // 3  # read off c_attn's output: split by tensor parallelism it holds fewer heads
+        q, k, v = qkv.split(C, dim=2)
         return tuple(t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
+        B, T, _ = x.shape
         q, k, v = self.heads(x)
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
         att = att.masked_fill(self.future[:, :, :T, :T], float("-inf")).softmax(dim=-1)  # keeps s x s for backward
-        return self.c_proj((att @ v).transpose(1, 2).contiguous().view(B, T, C))
+        return self.c_proj((att @ v).transpose(1, 2).contiguous().view(B, T, -1))
 
 
 class Block(nn.Module):

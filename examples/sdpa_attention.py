@@ -17,12 +17,12 @@ import parts
 
 class FusedAttention(parts.Attention):  # + sdpa: the same weights (q, k, v, output), a fused kernel
     def forward(self, x):
-        B, T, C = x.shape
+        B, T, _ = x.shape
         q, k, v = self.heads(x)
         # The math it replaces (parts.Attention):
         #   att = (q @ k.transpose(-2, -1)) / sqrt(head width), masked above the diagonal, softmax; y = att @ v
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # + sdpa: no s x s matrix kept
-        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, -1))
 
 
 args = parts.arguments("Train the baseline GPT with fused attention (SDPA).")

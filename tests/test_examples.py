@@ -141,6 +141,25 @@ def test_two_process_examples_train_like_wb_run_with_the_whole_batch_in_one_proc
         assert "of which rank 0 holds 10,736" in example.output  # half of 21,472: every tensor split in 2 rows
 
 
+# Tensor and pipeline parallelism have no RunConfig switch (notebook 10 splits the model by hand):
+# each is held to wb.run of the same model on one process. A split matmul sums in another order (a
+# row-wise half-sum, then the all-reduce), micro-batches average their means: 1e-5 over 3 steps.
+def test_tensor_parallel_trains_like_one_process_and_holds_its_share(course_baseline):
+    example = run_example("tensor_parallel", "--processes", "2")
+    assert example.losses == pytest.approx(course_baseline.losses, abs=1e-5)
+    assert counts(example) == course_counts(course_baseline)
+    # Rank 0 holds the embeddings and norms whole (256*32 + 16*32 + 3*64) and half of each block's
+    # matrices: q/k/v (32*96 + 96) / 2, the output 32*32 / 2 + its bias 32 (row-wise: whole), the MLP
+    # (32*128 + 128) / 2 + 128*32 / 2 + 32.
+    assert f"of which rank 0 holds {8192 + 512 + 192 + 1584 + 544 + 2112 + 2080:,}" in example.output
+
+
+def test_pipeline_parallel_trains_like_one_process_of_the_same_two_block_gpt():
+    example = run_example("pipeline_parallel", "--processes", "2", "--microbatches", "2", "--layers", "2")
+    course = course_run(dims={"n_layer": 2, "n_head": 2, "d_model": 32})
+    assert example.losses == pytest.approx(course.losses, abs=1e-5)
+
+
 def example_parts():
     """examples/parts.py as a module (the test builds wb.run's own-model configurations from it)."""
     spec = importlib.util.spec_from_file_location("example_parts", EXAMPLES / "parts.py")
