@@ -1,8 +1,8 @@
 """8-bit AdamW (torchao): AdamW's two running averages kept in 8 bits, a quarter of the bytes.
 
 The baseline plus the lines marked `# + 8-bit`. Each average is stored as uint8 codes with an fp32
-scale per block of 256 values; tensors under 4,096 values keep fp32 state. The optimizer's state
-bytes are printed at the end.
+scale per block of 256 values; a tensor under 4,096 values, or not a multiple of 256, keeps fp32
+state. The optimizer's state bytes are printed at the end.
 
     python examples/adamw_8bit.py
 """
