@@ -58,6 +58,7 @@ LEDGER = {
     "OUT=/shared/runs/gpt sbatch scripts/slurm_two_nodes.sbatch --model gpt --steps 300 --save-every 50":
         (NOT_RUN, "", "no Slurm here; tests/test_two_nodes.py checks the file parses and gives torchrun the tested options"),
     "accelerate launch --cpu": (NOT_RUN, "", "named as what not to use for 2 CPU processes"),
+    "python examples/activation_checkpointing.py": (VARIANT, "tests/test_examples.py", "standalone with the workbench blocked, at tiny sizes (--steps 3 --layers 1 ...), its losses held equal to wb.run's"),
     "python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/whl/*.whl && export PYTHONPATH=/tmp/site:$PWD && python3 scripts/gpu_check.py --out \"$OUT/gpu\" --tar-only":
         (NOT_RUN, "", "the offline GPU recipe: runs on the GPU machine"),
     "bash scripts/gpu_bundle.sh": (NOT_RUN, "", "downloads wheels for the GPU machine"),
