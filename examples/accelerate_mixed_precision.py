@@ -14,7 +14,9 @@ from accelerate import Accelerator
 
 import parts
 
-args = parts.arguments("Train the baseline GPT in bf16 through accelerate.")
+args = parts.arguments("Train the baseline GPT in bf16 through accelerate.",
+                      **{"--max-grad-norm": dict(type=parts.norm, default=None, metavar="NORM",
+                                             help="clip the gradients' norm to NORM (default: no clipping)")})
 accelerator = Accelerator(mixed_precision="bf16")  # + accelerate: picks the device (a GPU when there is one)
 device = accelerator.device  # + accelerate
 train, _ = parts.text_windows(args.text, args.seq_len)
@@ -30,6 +32,8 @@ for step in range(1, args.steps + 1):
     inputs, labels = (t.to(device) for t in next(batches))
     loss = parts.loss_fn(model(inputs), labels)  # the forward runs in bf16, its logits come back fp32
     accelerator.backward(loss)  # + accelerate: (fp16: scales the loss first)
+    if args.max_grad_norm:
+        accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)  # + accelerate: (fp16: unscales first)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     losses.append(loss.item())

@@ -12,7 +12,9 @@ import torch
 
 import parts
 
-args = parts.arguments("Train the baseline GPT with fp16 autocast and a GradScaler.")
+args = parts.arguments("Train the baseline GPT with fp16 autocast and a GradScaler.",
+                      **{"--max-grad-norm": dict(type=parts.norm, default=None, metavar="NORM",
+                                             help="clip the gradients' norm to NORM (default: no clipping)")})
 device = parts.device()
 train, _ = parts.text_windows(args.text, args.seq_len)
 batches = parts.forever(parts.loader(train, args.batch_size, args.seed))
@@ -29,6 +31,9 @@ for step in range(1, args.steps + 1):
         logits = model(inputs)
     loss = parts.loss_fn(logits, labels)  # outside autocast: the loss in fp32
     scaler.scale(loss).backward()  # + fp16: loss x scale, so small gradients do not flush to zero
+    if args.max_grad_norm:  # clipping reads the gradients' true size:
+        scaler.unscale_(optimizer)  # + fp16: true gradients before clipping (step() then does not unscale again)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
     scaler.step(optimizer)  # + fp16: unscales; skips the step if a gradient is inf/NaN
     scaler.update()  # + fp16: halve the scale after a skip, grow it after 2000 clean steps
     optimizer.zero_grad(set_to_none=True)

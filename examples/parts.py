@@ -43,6 +43,17 @@ def _positive(text: str) -> int:
     return value
 
 
+def norm(text: str) -> float:
+    """--max-grad-norm's value: a positive, finite gradient norm."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (0 < value < math.inf):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a gradient norm above 0")
+    return value
+
+
 def _rate(text: str) -> float:
     try:
         value = float(text)

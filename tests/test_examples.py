@@ -164,6 +164,15 @@ SWITCHES = {
 }
 
 
+@pytest.mark.parametrize("name, precision", [("fp16_grad_scaler", "fp16"), ("accelerate_mixed_precision", "bf16")])
+def test_a_clipped_mixed_precision_example_trains_to_wb_runs_clipped_losses(name, precision):
+    # The notebook's loop (01) clips: the scaler unscales first, accelerate's clip_grad_norm_ does it itself.
+    # A norm of 0.1 clips every step here (the gradients' norm is above 1 at these sizes).
+    example = run_example(name, "--max-grad-norm", "0.1")
+    assert example.losses == course_run(precision=precision, max_grad_norm=0.1).losses
+    assert example.losses != run_example(name).losses  # the clipping changed the run
+
+
 @pytest.mark.parametrize("name", SWITCHES)
 def test_each_switch_example_trains_to_the_losses_and_counts_of_wb_run_with_that_switch(name):
     flags, switch = SWITCHES[name]
