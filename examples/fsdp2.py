@@ -59,6 +59,7 @@ def train(args):
 args = parts.arguments("Train the baseline GPT fully sharded (FSDP2) on several processes.",
                        **{"--processes": dict(type=int, default=2, choices=range(2, 65), metavar="N",
                                               help="processes (2 to 64; a GPU each where there are GPUs)")})
-# Each process its share of the cores (unset, accelerate sets 1 in each CPU process, and warns).
+# Each process its share of the cores (unset, accelerate sets physical cores / processes, at least 1,
+# in each CPU process, and warns).
 os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.processes)))
 notebook_launcher(train, args=(args,), num_processes=args.processes, use_port=parts.free_port())  # + fsdp

@@ -1,8 +1,8 @@
 """Post-training dynamic int8 quantization (torchao): train the baseline, then make its Linear layers int8.
 
 The baseline plus the lines marked `# + int8`. `quantize_` replaces every Linear weight by int8 with
-one scale per output row; activations are quantized on the fly, batch by batch. Inference only:
-the file shrinks (Linear weights 4x) and int8 matmuls run where the hardware has them (VNNI/AMX
+one scale per output row; activations are quantized on the fly, one scale per token (a row of the
+activation). Inference only: the file shrinks (Linear weights 4x) and int8 matmuls run where the hardware has them (VNNI/AMX
 CPUs, GPUs). The held-out loss and the time of a forward are printed before and after.
 
     python examples/int8_dynamic_quantization.py

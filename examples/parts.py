@@ -13,7 +13,6 @@ import argparse
 import bz2
 import csv
 import math
-import resource
 import sys
 from pathlib import Path
 
@@ -247,10 +246,16 @@ def device() -> torch.device:
 
 def peak_memory(where: torch.device) -> str:
     """The peak the device's allocator saw (a GPU), or this process's peak resident memory (a CPU:
-    everything, Python and torch included, not the model alone)."""
+    everything, Python and torch included, not the model alone; Linux and macOS, where the standard
+    library's `resource` reads it, in KiB on Linux and in bytes on macOS; Windows has no `resource`)."""
     if where.type == "cuda":
         return f"peak GPU memory {torch.cuda.max_memory_allocated(where) / 2**20:,.1f} MiB"
-    return f"peak process memory {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MiB"
+    try:
+        import resource
+    except ImportError:  # Windows
+        return "peak process memory not read (no `resource` module on this platform)"
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    return f"peak process memory {peak / 2**20:,.0f} MiB"
 
 
 def trainable(model: nn.Module) -> str:

@@ -92,6 +92,7 @@ if args.processes > args.layers:  # + pp
     sys.exit(f"--processes {args.processes} must be at most --layers {args.layers}: each stage runs a block or more")
 if args.batch_size % args.microbatches:  # + pp
     sys.exit(f"--microbatches {args.microbatches} must divide --batch-size {args.batch_size}")
-# Each process its share of the cores (unset, accelerate sets 1 in each CPU process, and warns).
+# Each process its share of the cores (unset, accelerate sets physical cores / processes, at least 1,
+# in each CPU process, and warns).
 os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.processes)))
 notebook_launcher(train, args=(args,), num_processes=args.processes, use_port=parts.free_port())

@@ -71,6 +71,7 @@ args = parts.arguments("Train the baseline GPT tensor-parallel on several proces
                                               help="processes (2 to 64; a GPU each where there are GPUs)")})
 if args.heads % args.processes:  # + tp: each process holds whole heads
     sys.exit(f"--heads {args.heads} must be a multiple of --processes {args.processes}: each process holds whole heads")
-# Each process its share of the cores (unset, accelerate sets 1 in each CPU process, and warns).
+# Each process its share of the cores (unset, accelerate sets physical cores / processes, at least 1,
+# in each CPU process, and warns).
 os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.processes)))
 notebook_launcher(train, args=(args,), num_processes=args.processes, use_port=parts.free_port())

@@ -315,3 +315,20 @@ def test_a_bad_flag_is_refused_in_one_line_that_names_it(monkeypatch, argv, mess
     with pytest.raises(SystemExit) as info:
         parts.arguments("test")
     assert str(info.value) == f"baseline.py: {message}"
+
+
+def test_the_peak_memory_line_reads_each_platforms_unit_and_windows_says_it_has_none(monkeypatch):
+    # ru_maxrss is KiB on Linux and bytes on macOS; Windows has no `resource` module at all
+    import importlib
+    import types
+
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    parts = importlib.import_module("parts")
+    usage = types.SimpleNamespace(getrusage=lambda who: types.SimpleNamespace(ru_maxrss=3 * 2**20), RUSAGE_SELF=0)
+    monkeypatch.setitem(sys.modules, "resource", usage)
+    monkeypatch.setattr(sys, "platform", "linux")
+    assert parts.peak_memory(torch.device("cpu")) == "peak process memory 3,072 MiB"
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert parts.peak_memory(torch.device("cpu")) == "peak process memory 3 MiB"
+    monkeypatch.setitem(sys.modules, "resource", None)  # as on Windows: import fails
+    assert parts.peak_memory(torch.device("cpu")).startswith("peak process memory not read")
