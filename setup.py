@@ -1,6 +1,6 @@
 """The wheel's contents, beside pyproject.toml's metadata: the `workbench` package, its shipped data
 files, and the course's notebooks (notebooks/ in this repository) as the package `workbench.notebooks`,
-so an installed wheel can copy them out (`workbench-notebooks DEST`: workbench/core/course_files.py).
+so an installed wheel can copy them out (`workbench-notebooks DEST`: workbench/base/course_files.py).
 pyproject.toml's [tool.setuptools] cannot map a folder outside the package into it; this can."""
 
 from setuptools import find_packages, setup

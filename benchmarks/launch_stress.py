@@ -1,4 +1,4 @@
-"""Launch many times in a row and count the launches that hang: the check behind engine/processes.py.
+"""Launch many times in a row and count the launches that hang: the check behind launching/processes.py.
 
 A launch whose child inherits a held lock hangs until its timeout (timed out, counted as hung);
 every other launch forms its process group, all-reduces once and returns. Run it under a busy
@@ -39,10 +39,10 @@ def _all_reduce_once() -> int:
 
 def stress(launches: int, processes: int, how: str, start_method: str, timeout_s: float) -> dict:
     """Launch `launches` times; the outcome and wall time of each."""
-    from workbench.engine.launch import LaunchError, launch_function
-    from workbench.lessons.multi_gpu import LaunchHung, notebook_launch
-
     import inspect
+
+    from workbench.launching.launch import LaunchError, launch_function
+    from workbench.lessons.multi_gpu import LaunchHung, notebook_launch
 
     # (an older workbench's notebook_launch tried a hung launch again: counted here as hung instead)
     once = {"retries": 0} if "retries" in inspect.signature(notebook_launch).parameters else {}
@@ -108,7 +108,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="write the summary here (JSON)")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from workbench.measure.contention import busy_core
+    from workbench.lessons.contention import busy_core
 
     load_before = os.getloadavg()
     hog = None if args.no_hog else busy_core()

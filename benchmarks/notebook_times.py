@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.hog:
         sys.path.insert(0, str(ROOT))
-        from workbench.measure.contention import busy_core
+        from workbench.lessons.contention import busy_core
 
         with busy_core():
             return _run(args)

@@ -44,8 +44,8 @@ print("SHARE_TIMES", max(times))
 def kernels_share(n: int, shares: int, folder: Path) -> dict:
     from jupyter_client import KernelManager
 
+    from workbench.classroom import room_view as views
     from workbench.lessons import room as lesson
-    from workbench.views import room as views
 
     room = lesson.simulated_room(tuple(f"learner{i:02d}" for i in range(1, n + 1)))
     go = folder / "go"

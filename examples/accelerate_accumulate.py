@@ -11,10 +11,9 @@ all-reduced then, too).
 import sys
 import time
 
+import parts
 import torch
 from accelerate import Accelerator
-
-import parts
 
 args = parts.arguments("Train the baseline GPT, accumulating gradients with accelerate.",
                        **{"--accumulate": dict(type=int, default=4, help="micro-batches a step")})

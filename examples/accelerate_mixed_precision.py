@@ -9,10 +9,9 @@ autocast; with mixed_precision="fp16" on a GPU it also makes the GradScaler and
 
 import time
 
+import parts
 import torch
 from accelerate import Accelerator
-
-import parts
 
 args = parts.arguments("Train the baseline GPT in bf16 through accelerate.",
                       **{"--max-grad-norm": dict(type=parts.norm, default=None, metavar="NORM",

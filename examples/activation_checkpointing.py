@@ -8,11 +8,10 @@ tensor a block; backward pays one more forward of each block. The gradients are 
 
 import time
 
+import parts
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-
-import parts
 
 
 class Checkpointed(nn.Module):  # + checkpointing

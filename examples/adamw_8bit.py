@@ -10,11 +10,9 @@ state. The optimizer's state bytes are printed at the end.
 import contextlib
 import time
 
+import parts
 import torch
 from torchao.optim import AdamW8bit
-
-import parts
-
 
 
 def held_bytes(t: torch.Tensor) -> int:  # + 8-bit

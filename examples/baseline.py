@@ -9,9 +9,8 @@ marked `# + <technique>`: diff one against this file to see the technique alone.
 
 import time
 
-import torch
-
 import parts  # the data, the model and the flags every example shares (examples/parts.py)
+import torch
 
 args = parts.arguments("Train the baseline GPT (fp32, AdamW).")
 device = parts.device()

@@ -8,9 +8,8 @@ CPUs with AVX512-BF16 or AMX; elsewhere it is emulated (correct, many times slow
 
 import time
 
-import torch
-
 import parts
+import torch
 
 args = parts.arguments("Train the baseline GPT with bf16 autocast.")
 device = parts.device()

@@ -11,10 +11,9 @@ each convolution. The same values in another order: losses equal to float roundi
 
 import time
 
+import parts
 import torch
 import torch.nn.functional as F
-
-import parts
 
 args = parts.arguments("Train a small CNN on MNIST digits in the channels_last memory format.",
                        **{"--images": dict(type=int, default=4000, choices=range(64, 5001), metavar="N",

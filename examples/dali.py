@@ -16,10 +16,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import parts
 import torch
 from torch import nn
-
-import parts
 
 args = parts.arguments("Train a small MLP on MNIST JPEGs fed by NVIDIA DALI.",
                        **{"--images": dict(type=int, default=2048, choices=range(64, 5001), metavar="N",

@@ -10,9 +10,8 @@ the in-memory windows here are cheap, so watch the ms a step with --workers 0 an
 
 import time
 
-import torch
-
 import parts
+import torch
 
 args = parts.arguments("Train the baseline GPT with DataLoader workers and pinned memory.",
                        **{"--workers": dict(type=int, default=2, choices=range(0, 65), metavar="N",

@@ -11,10 +11,9 @@ GPUs over NCCL, one GPU each. notebook_launcher also works from a notebook (the 
 import os
 import time
 
+import parts
 import torch
 from accelerate import Accelerator, notebook_launcher
-
-import parts
 
 
 def train(args):  # + ddp: what each process runs

@@ -8,9 +8,8 @@ step gets faster and smaller; on most CPUs fp16 is emulated (correct, many times
 
 import time
 
-import torch
-
 import parts
+import torch
 
 args = parts.arguments("Train the baseline GPT with fp16 autocast and a GradScaler.",
                       **{"--max-grad-norm": dict(type=parts.norm, default=None, metavar="NORM",

@@ -8,9 +8,8 @@ stops computing its gradient, and the optimizer, given only what trains, keeps n
 
 import time
 
-import torch
-
 import parts
+import torch
 
 args = parts.arguments("Train the baseline GPT with its embeddings frozen.")
 device = parts.device()

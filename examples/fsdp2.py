@@ -12,12 +12,11 @@ function) forms the process group: gloo on CPUs, NCCL on GPUs.
 import os
 import time
 
+import parts
 import torch
 import torch.distributed as dist
 from accelerate import Accelerator, notebook_launcher
 from torch.distributed.fsdp import fully_shard
-
-import parts
 
 
 def train(args):

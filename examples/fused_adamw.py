@@ -9,9 +9,8 @@ recent torch). The weights after each step are the same to float rounding.
 
 import time
 
-import torch
-
 import parts
+import torch
 
 IMPLEMENTATIONS = {"for-loop": dict(foreach=False), "foreach": dict(foreach=True), "fused": dict(fused=True)}  # + fused
 args = parts.arguments("Train the baseline GPT with a fused (or foreach) AdamW.",

@@ -10,9 +10,8 @@ batch, so the step is the baseline's (to float rounding) with the activations of
 import sys
 import time
 
-import torch
-
 import parts
+import torch
 
 args = parts.arguments("Train the baseline GPT, accumulating gradients by hand.",
                        **{"--accumulate": dict(type=int, default=4, help="micro-batches a step")})

@@ -11,10 +11,9 @@ CPUs, GPUs). The held-out loss and the time of a forward are printed before and 
 import copy
 import time
 
+import parts
 import torch
 from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
-
-import parts
 
 
 @torch.no_grad()

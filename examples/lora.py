@@ -9,10 +9,9 @@ get gradients and optimizer state.
 
 import time
 
+import parts
 import torch
 from peft import LoraConfig, get_peft_model
-
-import parts
 
 args = parts.arguments("Fine-tune the baseline GPT with LoRA adapters (peft).",
                        **{"--rank": dict(type=int, default=8, choices=range(1, 257), metavar="R",

@@ -13,13 +13,12 @@ import os
 import sys
 import time
 
+import parts
 import torch
 import torch.distributed as dist
 from accelerate import Accelerator, notebook_launcher
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
-
-import parts
 
 
 class Stage(nn.Module):  # + pp

@@ -10,12 +10,11 @@ swaps in the real quantized layers; the held-out loss is printed before and afte
 
 import time
 
+import parts
 import torch
 from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
 from torchao.quantization.granularity import PerAxis
 from torchao.quantization.qat import QATConfig
-
-import parts
 
 
 @torch.no_grad()

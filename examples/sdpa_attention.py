@@ -9,10 +9,9 @@ computes the same function (to float rounding).
 
 import time
 
+import parts
 import torch
 import torch.nn.functional as F
-
-import parts
 
 
 class FusedAttention(parts.Attention):  # + sdpa: the same weights (q, k, v, output), a fused kernel

@@ -13,12 +13,11 @@ import os
 import sys
 import time
 
+import parts
 import torch
 from accelerate import Accelerator, notebook_launcher
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-import parts
 
 
 @torch.no_grad()

@@ -9,9 +9,8 @@ needs a compiler (g++ or $CXX); on a GPU it writes Triton.
 
 import time
 
-import torch
-
 import parts
+import torch
 
 args = parts.arguments("Train the baseline GPT compiled with torch.compile.")
 device = parts.device()

@@ -42,13 +42,13 @@ c.Authenticator.allowed_users = set(room["learners"]) | {room["teacher"]}
 c.Authenticator.admin_users = {room["teacher"]}
 
 # The room's services, started and stopped with the hub:
-# - room: the store learners share to (workbench/measure/room_store.py), one key per account, on
+# - room: the store learners share to (workbench/classroom/store.py), one key per account, on
 #   loopback; also reachable through the proxy at /services/room/ (laptops on the room's network).
 # - idle-culler: JupyterHub's own (jupyterhub-idle-culler), stops a server idle for cull_idle_s.
 # - room-admin: a token scripts/room_hub.py uses (status, restart), root's only.
 python = room["python"]
 services = [{"name": "room", "url": f"http://127.0.0.1:{room['store_port']}",
-             "command": [python, "-m", "workbench.measure.room_store", "--store", str(STATE / "records"),
+             "command": [python, "-m", "workbench.classroom.store", "--store", str(STATE / "records"),
                          "--keys", str(STATE / "room-keys.json"), "--port", str(room["store_port"])],
              "environment": {"PYTHONPATH": str(REPO)}},
             {"name": "room-admin", "api_token": (STATE / "admin-token").read_text().strip()}]

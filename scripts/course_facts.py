@@ -39,7 +39,7 @@ import pathlib
 import re
 import sys
 
-from workbench.core.atomic_write import write_whole
+from workbench.base.atomic_write import write_whole
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"

@@ -100,7 +100,7 @@ def _ratio(a: Any, b: Any) -> float | None:
 
 def notebook_claims(name: str, ns: dict[str, Any]) -> dict[str, Any]:
     """The claims one executed notebook measured, read from its namespace (what exists of it)."""
-    from workbench.measure.result import RunResult
+    from workbench.core.measure.result import RunResult
 
     runs = [run_summary(v) for k, v in ns.items() if isinstance(v, RunResult) and not k.startswith("_")]
     claims: dict[str, Any] = {"runs": runs}

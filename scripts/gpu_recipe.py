@@ -68,7 +68,7 @@ def plan_arms(steps: int) -> list[dict[str, Any]]:
     import torch
 
     import workbench as wb
-    from workbench.core.hardware import gpu_memory_bytes
+    from workbench.machine.hardware import gpu_memory_bytes
 
     base = base_config(steps).resolved()
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -49,7 +49,7 @@ def evaluation_peak(config, batch: int, resident: int, workspaces: int) -> int:
     from workbench.planner.estimate import _freeze, _spec_key, input_spec, model_key
     from workbench.planner.fakemodel import fake_mode
     from workbench.planner.fakestate import build
-    from workbench.measure.live import CUDA_BLOCK_BYTES, LiveTensors
+    from workbench.planner.live import CUDA_BLOCK_BYTES, LiveTensors
 
     cfg = config.resolved()
     spec = _spec_key(input_spec(cfg), model_key(cfg))
@@ -74,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sys.path.insert(0, str(pathlib.Path(__file__).parents[1]))
     from workbench import RunConfig
-    from workbench.planner.fakecuda import cublas_workspace_bytes
     from workbench.planner.estimate import estimate
+    from workbench.planner.fakecuda import cublas_workspace_bytes
 
     summary = json.loads(args.summary.read_text())
     if summary["machine"].get("gpu_memory_bytes"):  # the gpu preset as it was sized on that card

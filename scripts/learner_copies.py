@@ -36,7 +36,7 @@ import sys
 import nbformat
 from nbconvert.preprocessors import ClearMetadataPreprocessor, ClearOutputPreprocessor, TagRemovePreprocessor
 
-from workbench.core.atomic_write import write_whole  # whole or not at all: a full disk keeps a learner's answers
+from workbench.base.atomic_write import write_whole  # whole or not at all: a full disk keeps a learner's answers
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SOLUTION_TAG = "solution"

@@ -92,7 +92,7 @@ def _shell(outputs: list[dict[str, Any]]) -> Any:
 def _write_whole(target: pathlib.Path, text: str) -> None:
     """`text` into `target` through a temporary file renamed over it: a process killed while it
     writes (the GPU check's timeout) leaves the last cell's whole notebook, not a cut-short one.
-    (workbench.core.atomic_write.write_whole's twin: this runner imports nothing but IPython.)"""
+    (workbench.base.atomic_write.write_whole's twin: this runner imports nothing but IPython.)"""
     temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         temporary.write_text(text)

@@ -28,7 +28,7 @@ import re
 import sys
 from dataclasses import dataclass
 
-from workbench.core.atomic_write import write_whole
+from workbench.base.atomic_write import write_whole
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 HEADER = ("claim", "source", "measured here", "verdict")

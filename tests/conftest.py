@@ -2,7 +2,7 @@
 
 `pytest --hog` (or WORKBENCH_TEST_HOG=1) keeps one CPU core busy with another process for
 the whole session, notebooks included: the suite must pass on a busy machine too (timing
-claims are asserted only where the measurement had a free core; see measure/contention.py).
+claims are asserted only where the measurement had a free core; see lessons/contention.py).
 
 `make test` runs the suite on two pytest-xdist workers, a file to a worker (`--dist loadfile`:
 a notebook's cells share one kernel, a module's fixtures are built once), then the tests marked
@@ -24,7 +24,7 @@ os.environ.setdefault("WORKBENCH_HEADLESS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-# Exercise checks append to the prediction ledger (lessons/ledger.py): the suite's, notebooks'
+# Exercise checks append to the prediction ledger (classroom/ledger.py): the suite's, notebooks'
 # kernels included, go to a file of this session's, never the tester's ~/.workbench
 os.environ.setdefault("WORKBENCH_LEDGER", os.path.join(tempfile.mkdtemp(prefix="workbench-ledger-"), "ledger.jsonl"))
 
@@ -47,7 +47,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--hog") and not hasattr(config, "workerinput"):  # one hog, in xdist's controller
-        from workbench.measure.contention import busy_core
+        from workbench.lessons.contention import busy_core
 
         hog = busy_core()
         config.stash[_HOG_KEY] = (hog, hog.__enter__())

@@ -3,8 +3,8 @@
 import pytest
 
 from workbench import RunConfig
-from workbench.measure.probe import make_probe
 from workbench.lessons import accumulation
+from workbench.lessons.probe import make_probe
 
 TINY_GPT = RunConfig(model="gpt", preset="cpu-quick", seq_len=16, dims={"n_layer": 2, "n_head": 2, "d_model": 32})
 
@@ -53,8 +53,9 @@ def test_effective_batch_is_the_product_and_rejects_zero():
 
 
 def test_claim_rows_hold_for_an_accumulated_run_and_its_big_batch_twin():
-    from workbench import run
     import dataclasses
+
+    from workbench import run
     big = dataclasses.replace(TINY_GPT, batch_size=8, steps=3, eval_samples=0)
     baseline = run(big, sinks=[])
     accumulated = run(dataclasses.replace(big, batch_size=2, grad_accum_steps=4), sinks=[])

@@ -3,8 +3,8 @@
 import pytest
 
 from workbench import RunConfig
-from workbench.measure.probe import make_probe
 from workbench.lessons import accumulation as pitfalls
+from workbench.lessons.probe import make_probe
 
 
 def test_batchnorm_breaks_accumulation_and_layernorm_does_not():

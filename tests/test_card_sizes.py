@@ -9,8 +9,8 @@ import stat
 
 import pytest
 
-from workbench.core import hardware
 from workbench.core.presets import CARD_HEADROOM, GPU_CARDS, PRESETS, UNKNOWN_CARD_GIB, get_preset
+from workbench.machine import hardware
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 GIB = 2**30

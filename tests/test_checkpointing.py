@@ -5,14 +5,10 @@ import torch
 
 import workbench as wb
 from workbench import RunConfig
+from workbench.core.measure.counters import SavedActivationCounter, gpt_activation_bytes_formula
+from workbench.core.measure.flops import count_flops
 from workbench.core.models import loss_fn
-from workbench.switches.checkpointing import set_activation_checkpointing
-from workbench.measure.counters import (
-    SavedActivationCounter,
-    gpt_activation_bytes_formula,
-)
-from workbench.measure.flops import count_flops
-from workbench.measure.probe import gradients, make_probe
+from workbench.core.switches.activation_checkpointing import set_activation_checkpointing
 from workbench.lessons import checkpointing
 from workbench.lessons.checkpointing import (
     Segments,
@@ -20,6 +16,7 @@ from workbench.lessons.checkpointing import (
     checkpointing_dial,
     segment_blocks,
 )
+from workbench.lessons.probe import gradients, make_probe
 
 S, H, A, B = 16, 32, 2, 2
 TINY_GPT = RunConfig(model="gpt", preset="cpu-quick", seq_len=S, dims={"n_layer": 4, "n_head": A, "d_model": H})

@@ -10,7 +10,7 @@ import pytest
 
 from workbench import RunConfig, run
 from workbench.cli import build_parser, config_from_args, field_docs, main
-from workbench.engine.launch import free_port
+from workbench.launching.launch import free_port
 
 FLAGS = ["--model", "mlp", "--data", "digits", "--steps", "4", "--log-every", "2",
          "--dims", '{"hidden": [32]}', "--eval-samples", "0"]
@@ -120,7 +120,7 @@ def test_two_machines_on_loopback_form_one_run(tmp_path):
 
 
 def test_the_named_choices_in_the_help_come_from_the_config_annotations():
-    from workbench.switches.checkpointing import CHOICES as CHECKPOINTING
+    from workbench.core.switches.activation_checkpointing import CHOICES as CHECKPOINTING
 
     help_text = build_parser().format_help()
     assert "--precision {fp32,fp16,bf16}" in help_text

@@ -3,8 +3,8 @@
 import pytest
 
 from workbench.core.config import RunConfig
-from workbench.measure.result import MemoryBreakdown, RunResult
-from workbench.views.compare import compare
+from workbench.core.measure.result import MemoryBreakdown, RunResult
+from workbench.core.views.compare import compare
 
 
 def _result(name, *, step_time, activations, precision="fp32"):

@@ -2,8 +2,8 @@
 
 import pytest
 
-from workbench.core import hardware
 from workbench.core.config import ConfigError, RunConfig
+from workbench.machine import hardware
 
 
 def _error(**kwargs) -> str:
@@ -156,10 +156,10 @@ def test_bad_preset_environment_variable_is_named(monkeypatch):
 
 
 def test_the_named_choices_are_read_off_the_annotations_and_the_registries():
+    from workbench.base.precisions import PRECISIONS
     from workbench.core.config import field_choices
     from workbench.core.models import MODEL_SPECS
     from workbench.core.optim import OPTIMIZERS
-    from workbench.core.precisions import PRECISIONS
     from workbench.core.presets import PRESETS
 
     assert field_choices("model") == tuple(MODEL_SPECS)

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from workbench.measure.contention import CoreShare, OtherWork, busy_core, core_share, interleaved_speedup, other_work
+from workbench.lessons.contention import CoreShare, OtherWork, busy_core, core_share, interleaved_speedup, other_work
 
 
 def _spin(seconds: float) -> None:
@@ -80,7 +80,7 @@ def test_other_work_sees_a_busy_core():
 
 
 def test_other_work_is_the_machine_busy_time_minus_this_process_trees(monkeypatch):
-    from workbench.measure import contention
+    from workbench.lessons import contention
 
     machine, own = iter([100.0, 103.0]), iter([10.0, 11.5])
     monkeypatch.setattr(contention, "_machine_busy_s", lambda: next(machine))

@@ -8,21 +8,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workbench.core.models import GPT
-from workbench.core.saved import note_saved
-from workbench.measure.counters import (
+from workbench.core.measure.counters import (
     SavedActivationCounter,
     gpt_activation_bytes_formula,
     gradient_bytes,
     optimizer_state_bytes,
     parameter_bytes,
 )
-from workbench.measure.flops import FlopCounter as counters_flop
-from workbench.measure.flops import (
-    count_flops,
-    gpt_flops_formula,
-    matmul_parameter_count,
-)
+from workbench.core.measure.flops import FlopCounter as counters_flop
+from workbench.core.measure.flops import count_flops, gpt_flops_formula, matmul_parameter_count
+from workbench.core.models import GPT
+from workbench.core.saved import note_saved
 
 # A small GPT: L=2 layers, h=64 wide, a=4 heads, s=32 positions, batch b=2, vocab V=97.
 S, B, H, A, L, V = 32, 2, 64, 4, 2, 97
@@ -182,8 +178,8 @@ def test_layernorm_statistics_are_about_a_quarter_h_th_of_a_layer_as_the_formula
 
 
 def test_a_checkpointed_blocks_input_reaches_the_outer_hooks_and_is_counted_once(monkeypatch):
-    from workbench.switches.checkpointing import set_activation_checkpointing
-    from workbench.measure import counters
+    from workbench.core.measure import counters
+    from workbench.core.switches.activation_checkpointing import set_activation_checkpointing
 
     model = set_activation_checkpointing(make_gpt(), "all")
     x, _ = tokens()
@@ -224,8 +220,8 @@ def test_a_counter_around_an_accumulation_window_counts_every_micro_batch():
     4 micro-batches whose one is 2,628,612)."""
     import torch
 
+    from workbench.core.measure.counters import SavedActivationCounter
     from workbench.core.models import GPT, loss_fn
-    from workbench.measure.counters import SavedActivationCounter
 
     torch.manual_seed(0)
     model = GPT(64, 16, n_layer=2, n_head=2, d_model=32)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.core import cpu_class, hardware
-from workbench.core.fingerprint import CAP_VARIABLES
+from workbench.machine import cpu_class, hardware
+from workbench.machine.cpu_class import CAP_VARIABLES
 
 # class -> (bf16, fp16, int8 kernels): the three decisions a CPU class moves.
 DECISIONS = {
@@ -101,7 +101,7 @@ def test_unset_empty_or_any_case_reads_as_expected(present):
 
 
 def test_every_report_of_a_decision_says_the_class_was_presented(present):
-    from workbench.core.fingerprint import fingerprint
+    from workbench.classroom.fingerprint import fingerprint
     from workbench.preflight import _hardware
 
     present("avx2")

@@ -8,11 +8,11 @@ import pytest
 
 from workbench import RunConfig, run
 from workbench.core.data import load_data
-from workbench.planner import estimate as estimate_module
-from workbench.measure.counters import gpt_activation_bytes_formula
-from workbench.planner.estimate import accelerate_estimate, estimate, input_spec
-from workbench.measure.flops import gpt_flops_formula
+from workbench.core.measure.counters import gpt_activation_bytes_formula
+from workbench.core.measure.flops import gpt_flops_formula
 from workbench.lessons.planner import check_peak
+from workbench.planner import estimate as estimate_module
+from workbench.planner.estimate import accelerate_estimate, estimate, input_spec
 
 BIG = dict(n_layer=32, n_head=32, d_model=2560)  # Pythia-2.8B's shape (GPT-Neo 2.7B has 20 heads), a "3B"
 
@@ -106,7 +106,7 @@ def test_two_groups_of_blocks_replayed_and_scaled_equal_the_whole_model_replayed
     cfg = RunConfig(model="gpt", seq_len=32, **{**changes, "dims": dict(n_head=4, d_model=64, **changes["dims"])})
     scaled = estimate(cfg, device=device)
     assert scaled.method.startswith("2 of") or scaled.method.startswith("5 of")
-    monkeypatch.setattr(estimate_module.checkpointing, "replay_groups", lambda c: (0, c.dims["n_layer"], 0))
+    monkeypatch.setattr(estimate_module.activation_checkpointing, "replay_groups", lambda c: (0, c.dims["n_layer"], 0))
     whole = estimate(cfg, device=device)
     assert whole.method.startswith(f"{cfg.dims['n_layer']} of")
     assert (scaled.peak_bytes, scaled.peak_at, scaled.activation_bytes, scaled.flops_per_step) == (
@@ -138,7 +138,7 @@ def test_cuda_softmax_reads_fp16_scores_in_place_and_copies_bf16_ones_to_fp32(dt
 
     from workbench.planner.fakecuda import CudaAutocastPolicy
     from workbench.planner.fakemodel import fake_mode
-    from workbench.measure.live import LiveTensors
+    from workbench.planner.live import LiveTensors
 
     low = getattr(torch, dtype)
     with fake_mode():

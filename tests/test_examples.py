@@ -30,7 +30,7 @@ import pytest
 import torch
 
 import workbench as wb
-from workbench.views.sinks import RecordingSink
+from workbench.core.views.sinks import RecordingSink
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

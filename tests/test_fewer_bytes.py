@@ -7,20 +7,24 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 
 import pytest
 import torch
 
 from workbench import ConfigError, RunConfig
 from workbench.core.data import load_data
+from workbench.core.engine.train import run as train_run
+from workbench.core.measure.counters import optimizer_state_bytes, shard_rows, sharded_bytes
 from workbench.core.models import build_model
 from workbench.core.optim import make_optimizer
 from workbench.core.trainable import add_lora, freeze_parts, lora_parameter_count, model_parts
-from workbench.engine.launch import launch_function
-from workbench.engine.train import run
-from workbench.measure.communication import CollectiveCounter, wire_bytes
-from workbench.measure.counters import optimizer_state_bytes, shard_rows, sharded_bytes
+from workbench.launching.launch import launch_function
+from workbench.planner.communication import CollectiveCounter, wire_bytes
 from workbench.planner.estimate import estimate
+from workbench.planner.fit import check_fits
+
+run = functools.partial(train_run, check_fit=check_fits)  # as wb.run does, without its default view
 
 D, L, S, V = 32, 2, 16, 256  # tiny GPT: width, blocks, sequence, byte vocabulary
 TINY_GPT = dict(model="gpt", dims={"n_layer": L, "n_head": 2, "d_model": D}, seq_len=S, batch_size=4,
@@ -161,7 +165,7 @@ def _sharded_and_plain(cfg: RunConfig):
     from accelerate import Accelerator
     from accelerate.utils import FullyShardedDataParallelPlugin
 
-    from workbench.engine.accelerator import reset_accelerate_state
+    from workbench.core.engine.accelerator import reset_accelerate_state
 
     reset_accelerate_state()
     accelerator = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))

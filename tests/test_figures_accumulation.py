@@ -1,6 +1,6 @@
 import pytest
 
-from workbench.views.figures_accumulation import phase_bytes
+from workbench.lessons.figures_accumulation import phase_bytes
 
 
 def _totals(phases):

@@ -1,6 +1,6 @@
 import pytest
 
-from workbench.views.figures_memory import MIB, stored_vs_recomputed, weight_grid
+from workbench.lessons.figures_memory import MIB, stored_vs_recomputed, weight_grid
 
 
 def test_stored_vs_recomputed_draws_each_block_saved_kept_and_rebuilt():
@@ -29,7 +29,7 @@ def test_weight_grid_marks_the_range_ends_and_one_line_per_integer_in_the_zoom()
 def test_step_timeline_figure_draws_a_line_per_setting_and_the_model_state():
     from types import SimpleNamespace as T
 
-    from workbench.views.figures_memory import step_timeline_figure
+    from workbench.lessons.figures_memory import step_timeline_figure
 
     pic = step_timeline_figure({"none": T(levels=(2 * MIB, 6 * MIB, 3 * MIB), forward_end=2, resident_bytes=MIB),
                                 "all": T(levels=(2 * MIB, 3 * MIB, 4 * MIB, 2 * MIB), forward_end=2, resident_bytes=MIB)})

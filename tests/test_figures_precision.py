@@ -1,6 +1,6 @@
 import pytest
 
-from workbench.views.figures_precision import bit_layout_figure, format_layout
+from workbench.lessons.figures_precision import bit_layout_figure, format_layout
 
 
 def test_the_layouts_are_read_from_torch_finfo():

@@ -1,8 +1,8 @@
 """The GPU check's parts that run anywhere: the kernel-free notebook runner and the summary."""
 
 import json
-import pathlib
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -192,8 +192,9 @@ def test_the_recipe_arms_grow_the_batch_to_what_the_estimate_says_fits(monkeypat
     (the dry run) the 'card' is 4 x the first arm's peak, the arms stay eager and autotune is left out."""
     from types import SimpleNamespace as S
 
-    import workbench
     import gpu_recipe
+
+    import workbench
 
     def estimate(cfg, device):
         return S(peak_bytes=cfg.batch_size * cfg.seq_len * cfg.dims["d_model"])

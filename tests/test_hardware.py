@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from workbench.core import cpu_class, hardware
+from workbench.machine import cpu_class, hardware
 
 
 def test_fp32_is_always_native():
@@ -117,7 +117,7 @@ def test_every_table_entry_is_dense_sourced_and_reachable_by_a_reported_name():
 
 def test_an_emulated_precision_has_no_peak_so_its_mfu_is_not_a_number(monkeypatch):
     from workbench import RunConfig, run
-    from workbench.views.sinks import RecordingSink
+    from workbench.core.views.sinks import RecordingSink
 
     monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset({"avx2", "fma"}))  # no AVX512-BF16/AMX
     peak, source = hardware.peak_flops("cpu", "bf16")

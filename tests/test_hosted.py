@@ -9,10 +9,10 @@ and the one-line error when WORKBENCH_SOURCE is not set.
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,7 +16,6 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import install  # noqa: E402
 
 
-
 def _old_python() -> str | None:
     """A Python 3.10 that runs (pyenv's here; a pyenv shim without that version selected does not)."""
     for candidate in [*sorted(Path.home().glob(".pyenv/versions/3.10*/bin/python")), shutil.which("python3.10")]:

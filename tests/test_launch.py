@@ -1,5 +1,6 @@
 """launch(): the same RunConfig on N processes from a notebook, records back to the parent."""
 
+import multiprocessing.context
 import os
 import time
 
@@ -7,15 +8,10 @@ import accelerate.utils
 import pytest
 
 from workbench import RunConfig, run
-from workbench.engine import launch as launch_module
-from workbench.engine import train
-from workbench.engine.launch import (
-    LaunchError,
-    check_world_size,
-    launch,
-    launch_function,
-)
-from workbench.views.sinks import RecordingSink
+from workbench.core.engine import train
+from workbench.core.views.sinks import RecordingSink
+from workbench.launching import launch as launch_module
+from workbench.launching.launch import LaunchError, check_world_size, launch, launch_function
 
 TINY = dict(model="mlp", data="digits", steps=8, log_every=2, dims={"hidden": (32,)}, eval_samples=100)
 
@@ -196,7 +192,7 @@ def test_a_notebook_function_that_cannot_be_sent_to_a_spawned_child_says_so_befo
 def test_auto_forks_from_the_fork_server_where_this_process_forks_and_spawns_where_it_spawns(monkeypatch):
     import multiprocessing
 
-    from workbench.engine.processes import start_method
+    from workbench.launching.processes import start_method
 
     monkeypatch.setattr(multiprocessing, "get_start_method", lambda allow_none=False: "spawn")  # macOS, Windows
     assert start_method("auto") == "spawn"
@@ -207,7 +203,7 @@ def test_auto_forks_from_the_fork_server_where_this_process_forks_and_spawns_whe
 
 
 def test_the_fork_server_the_children_come_from_holds_no_thread():
-    from workbench.engine.processes import forkserver_threads
+    from workbench.launching.processes import forkserver_threads
 
     # A thread of the notebook's (a rendezvous store's, ipykernel's) can hold a lock at the
     # instant of a fork; the fork server, which forks the children, has none to hold.
@@ -226,3 +222,52 @@ def test_an_epoch_on_two_processes_is_one_pass_over_the_data_by_both():
                     eval_samples=0)
     assert cfg.resolved().steps == 22
     assert launch(cfg, num_processes=2, sinks=[]).steps_done == 11
+
+
+def _sleep_in_child(rank: int, seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def _stopped_while_starting(base: type) -> type:
+    """`base` (a multiprocessing Process class) whose start() gets a Stop once the child exists."""
+    import signal
+
+    def start(self) -> None:
+        base.start(self)
+        os.kill(os.getpid(), signal.SIGINT)  # the child exists; its Process is not yet recorded
+        time.sleep(0.2)  # the handler runs here, inside start()
+
+    return type(f"StoppedWhileStarting{base.__name__}", (base,), {"start": start, "__module__": __name__})
+
+
+_STOPPED = {cls.__name__: cls for cls in (_stopped_while_starting(multiprocessing.context.ForkProcess),
+                                          _stopped_while_starting(multiprocessing.context.ForkServerProcess))}
+globals().update(_STOPPED)  # picklable by name: the fork server receives the Process object
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_a_stop_inside_process_start_reaches_the_child_it_started(method):
+    # A Stop (SIGINT) that lands inside Process.start(), once the child exists: KeyboardInterrupt is
+    # raised only after the child is recorded, so stop() ends it (before, start() raised with the
+    # child alive and unrecorded: no launch could stop it).
+    import signal
+
+    import psutil
+
+    from workbench.launching import processes
+
+    children = processes.Children(method)
+    stopped = _STOPPED[f"StoppedWhileStarting{children.ctx.Process.__name__}"]
+    children.ctx = type("Ctx", (), {"Process": stopped, "Barrier": children.ctx.Barrier})()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a notebook kernel
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            children.start(_sleep_in_child, [(60,)], dict(os.environ))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert len(children.processes) == 1, "the child started is recorded"
+    pid = children.processes[0].pid
+    assert psutil.pid_exists(pid)
+    children.stop(grace_s=1)
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert multiprocessing.parent_process() is None

@@ -1,5 +1,6 @@
 """notebook_launch: accelerate's notebook_launcher with return values and a bounded hang."""
 
+import functools
 import threading
 import time
 
@@ -18,7 +19,10 @@ def _world():
 
 def test_each_process_returns_its_rank_in_one_world_even_after_a_run_here():
     from workbench.core.config import RunConfig
-    from workbench.engine.train import run
+    from workbench.core.engine.train import run as train_run
+    from workbench.planner.fit import check_fits
+
+    run = functools.partial(train_run, check_fit=check_fits)  # as wb.run, without its default view
 
     run(RunConfig(model="mlp", data="digits", steps=2, eval_samples=0, dims={"hidden": (8,)}))  # makes an Accelerator
     assert sorted(notebook_launch(_world, num_processes=2, timeout_s=120)) == [(0, 2), (1, 2)]

@@ -8,9 +8,10 @@ import os
 
 import pytest
 
-from workbench.lessons import exercises, ledger, tour
-from workbench.lessons import ledger_file as the_file
-from workbench.lessons.ledger import calibration, read_rows
+from workbench.classroom import ledger
+from workbench.classroom import ledger_file as the_file
+from workbench.classroom.ledger import calibration, read_rows
+from workbench.lessons import exercises, tour
 
 
 @pytest.fixture

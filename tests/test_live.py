@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from workbench.measure.live import CUDA_BLOCK_BYTES, LiveTensors
+from workbench.planner.live import CUDA_BLOCK_BYTES, LiveTensors
 
 
 def test_new_storages_count_once_at_full_size_and_go_when_freed():
@@ -64,7 +64,7 @@ def test_the_peak_of_a_step_agrees_with_torchs_memtracker():
     from torch.distributed._tools.mem_tracker import MemTracker
 
     from workbench.core.models import GPT, loss_fn
-    from workbench.switches.checkpointing import set_activation_checkpointing
+    from workbench.core.switches.activation_checkpointing import set_activation_checkpointing
 
     torch.manual_seed(0)
     model = set_activation_checkpointing(GPT(256, 40, n_layer=12, n_head=4, d_model=48), "all")

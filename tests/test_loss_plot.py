@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from workbench.views.loss_plot import Curve, coincides, thin, tick_decimals, y_axis_range
+from workbench.core.views.loss_plot import Curve, coincides, thin, tick_decimals, y_axis_range
 
 
 def test_thin_keeps_short_curves_whole():
@@ -60,7 +60,7 @@ def test_a_non_finite_loss_becomes_a_gap():
 
 def test_the_png_draws_every_curve_and_the_overlaps_are_named():
     pytest.importorskip("bqplot")
-    from workbench.views.loss_plot import LossPlot
+    from workbench.core.views.loss_plot import LossPlot
 
     plot = LossPlot()
     assert plot.png() is None  # nothing to draw: no image at all, never a broken one

@@ -1,4 +1,4 @@
-"""memory_format='channels_last' (switches/memory_format.py): the CNN's 4-D tensors laid out N,H,W,C.
+"""memory_format='channels_last' (core/switches/memory_format.py): the CNN's 4-D tensors laid out N,H,W,C.
 
 The same math in another layout: the same losses, the same exact counts (saved activations, FLOPs),
 the estimate's too; refused in one line where there is no convolution. Its speed is measured in
@@ -7,15 +7,20 @@ notebook 08, not here (a timing). Cost: two 3-step CNN runs in cpu-quick, about 
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from torch import nn
 
 from workbench.cli import build_parser, config_from_args
 from workbench.core.config import ConfigError, RunConfig, field_choices
-from workbench.engine.train import run
+from workbench.core.engine.train import run as train_run
+from workbench.core.switches import memory_format
 from workbench.planner.estimate import estimate
-from workbench.switches import memory_format
+from workbench.planner.fit import check_fits
+
+run = functools.partial(train_run, check_fit=check_fits)  # as wb.run does, without its default view
 
 
 def _cnn(layout: str) -> RunConfig:

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from workbench.measure.meters import MemoryMeter, Throughput, mfu
+from workbench.core.measure.meters import MemoryMeter, Throughput, mfu
 
 
 def test_throughput_divides_counts_by_the_interval():
@@ -40,7 +40,7 @@ def test_cpu_meter_reads_rss_and_a_peak_that_resets():
 
 
 def test_a_peak_that_cannot_be_reset_says_it_is_the_one_since_the_process_started(monkeypatch):
-    from workbench.measure import meters
+    from workbench.core.measure import meters
 
     meter = MemoryMeter("cpu")
     if meter.peak_kind != "process VmHWM":

@@ -8,6 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from workbench.core.measure.counters import SavedActivationCounter, gpt_activation_bytes_formula
+from workbench.core.measure.flops import count_flops
 from workbench.core.models import (
     GPT,
     MLP,
@@ -17,12 +19,7 @@ from workbench.core.models import (
     build_model,
     parameter_count,
 )
-from workbench.switches.checkpointing import set_activation_checkpointing
-from workbench.measure.counters import (
-    SavedActivationCounter,
-    gpt_activation_bytes_formula,
-)
-from workbench.measure.flops import count_flops
+from workbench.core.switches.activation_checkpointing import set_activation_checkpointing
 
 S, B, H, A, V = 32, 2, 64, 4, 97
 FLOAT = 4

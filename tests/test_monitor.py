@@ -7,7 +7,7 @@ import workbench as wb
 from workbench.core.data import build_dataloader, load_data
 from workbench.core.models import build_model, loss_fn
 from workbench.core.optim import make_optimizer
-from workbench.views.sinks import RecordingSink
+from workbench.core.views.sinks import RecordingSink
 
 
 def _hand_loop(cfg, mon, *, fail_at=None, error=None):

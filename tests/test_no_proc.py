@@ -30,12 +30,12 @@ builtins.open = open_without_proc
 
 import psutil
 import workbench as wb
-from workbench.core import compile_cache, hardware
-from workbench.measure.contention import other_work
+from workbench.machine import compile_cache, hardware
+from workbench.lessons.contention import other_work
 from workbench.planner.fit import free_bytes
 
 result = wb.run(wb.RunConfig(model="mlp", preset="cpu-quick", steps=6, log_every=3, eval_samples=64), name="no /proc")
-from workbench.measure.meters import MemoryMeter
+from workbench.core.measure.meters import MemoryMeter
 
 rss_after = psutil.Process().memory_info().rss
 peak_after = MemoryMeter("cpu").peak_bytes()

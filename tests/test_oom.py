@@ -6,13 +6,7 @@ import pytest
 import torch
 
 from workbench import ConfigError, RunConfig, run
-from workbench.measure.oom import (
-    check_budget,
-    format_size,
-    oom_message,
-    parse_oom,
-    parse_size,
-)
+from workbench.core.measure.oom import check_budget, format_size, oom_message, parse_oom, parse_size
 
 GiB, MiB = 2**30, 2**20
 SEED = ("RuntimeError: CUDA out of memory. Tried to allocate 2.34 GiB (GPU 0; 40.00 GiB total capacity; "

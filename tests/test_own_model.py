@@ -13,9 +13,9 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from workbench import RunConfig, run
 from workbench.core.config import ConfigError
+from workbench.core.views.sinks import RecordingSink
 from workbench.planner.estimate import estimate
 from workbench.planner.fit import DoesNotFit, check_fits, floor_bytes
-from workbench.views.sinks import RecordingSink
 
 QUICK = dict(steps=4, log_every=2, eval_samples=0)
 
@@ -143,7 +143,7 @@ def test_dataloader_workers_batch_your_items_in_the_contract():
 
 
 def test_your_module_trains_data_parallel_under_launch():
-    from workbench.engine.launch import launch
+    from workbench.launching.launch import launch
 
     model, data = Tiny(), (pairs(256), pairs(100, seed=1))
     result = launch(RunConfig(model=model, data=data, batch_size=16, lr=1e-2, steps=20, log_every=10),

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from workbench.core.models import GPT
-from workbench.engine.launch import launch_function
-from workbench.switches.parallelize import pipeline_stages, stage_layers, tensor_parallel
+from workbench.launching.launch import launch_function
+from workbench.planner.parallelize import pipeline_stages, stage_layers, tensor_parallel
 
 V, S, L, A, H, B = 50, 8, 2, 4, 32, 4  # vocab, sequence, layers, heads, width, batch
 
@@ -57,7 +57,7 @@ def _pipeline_child(schedule: str, microbatches: int) -> tuple[list[float], int]
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-    from workbench.switches.parallelize import sync_tied_grads
+    from workbench.planner.parallelize import sync_tied_grads
 
     rank, world = dist.get_rank(), dist.get_world_size()
     part = pipeline_stages(_gpt(), world, rank)
@@ -160,7 +160,7 @@ def test_the_bubble_is_read_off_the_order_of_actions():
 def test_a_launch_that_hangs_is_stopped_at_its_timeout_not_started_again(capsys):
     import time
 
-    from workbench.engine.launch import LaunchError
+    from workbench.launching.launch import LaunchError
     from workbench.lessons.parallelism import launch
 
     with pytest.raises(LaunchError, match=r"^timed out after 3 s \(timeout_s\); the children were stopped$"):

@@ -8,8 +8,8 @@ import pytest
 
 from workbench import RunConfig
 from workbench.core.data import build_dataloader, image_pixels
-from workbench.lessons import input_pipelines as pl
 from workbench.lessons import input_pipelines as bench
+from workbench.lessons import input_pipelines as pl
 
 
 @pytest.fixture(scope="module")

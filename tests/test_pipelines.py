@@ -25,9 +25,9 @@ from workbench.core.data import (
     load_data,
 )
 from workbench.core.data.catalog import MNIST_MEAN, MNIST_STD
-from workbench.lessons import input_pipelines as pl
+from workbench.core.views.sinks import RecordingSink
 from workbench.lessons import input_pipelines as bench
-from workbench.views.sinks import RecordingSink
+from workbench.lessons import input_pipelines as pl
 
 REPO = Path(__file__).resolve().parents[1]
 

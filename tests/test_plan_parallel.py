@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from workbench import RunConfig
-from workbench.engine.launch import launch_function
+from workbench.launching.launch import launch_function
 from workbench.planner import parallel
 from workbench.planner.parallel import Cluster, plan_parallel
 

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
 from workbench import RunConfig
-from workbench.planner.estimate import estimate
-from workbench.measure.oom import parse_oom
-from workbench.engine.train import run
+from workbench.core.engine.train import run as train_run
+from workbench.core.measure.oom import parse_oom
 from workbench.lessons.planner import Verification, max_micro_batch, search_micro_batch
+from workbench.planner.estimate import estimate
+from workbench.planner.fit import check_fits
 from workbench.planner.planning import Target, explain, plan
+
+run = functools.partial(train_run, check_fit=check_fits)  # as wb.run does, without its default view
 
 MiB = 2**20
 BUDGET = 16 * MiB
@@ -119,7 +124,7 @@ def test_tf32_decides_what_fp32_runs_at_and_bf16_gains_no_more_than_the_peaks_al
 
 
 def test_this_machine_times_each_micro_batch_once_and_adds_the_optimizer_step(monkeypatch):
-    from workbench.planner.speed import MeasuredHere
+    from workbench.planner.roofline import MeasuredHere
 
     timed = []
 

@@ -7,16 +7,13 @@ import torch
 import torch.nn.functional as F
 
 from workbench import ConfigError, RunConfig, run
-from workbench.core import hardware
+from workbench.base.precisions import SCALER_DEFAULTS
+from workbench.core.engine.accelerator import reset_accelerate_state
+from workbench.core.measure.counters import SavedActivationCounter, gpt_activation_bytes_formula
 from workbench.core.models import GPT
-from workbench.core.precisions import SCALER_DEFAULTS
-from workbench.measure.counters import (
-    SavedActivationCounter,
-    gpt_activation_bytes_formula,
-)
 from workbench.core.presets import get_preset
-from workbench.engine.accelerator import reset_accelerate_state
-from workbench.switches.precision import enable_fp16_on_cpu
+from workbench.core.switches.precision import enable_fp16_on_cpu
+from workbench.core.views.sinks import RecordingSink
 from workbench.lessons.mixed_precision import (
     arm_budget,
     autocast_policy,
@@ -24,7 +21,7 @@ from workbench.lessons.mixed_precision import (
     inspect_model,
     loss_saved_bytes,
 )
-from workbench.views.sinks import RecordingSink
+from workbench.machine import hardware
 
 TINY = dict(model="mlp", data="digits", batch_size=32, steps=4, log_every=1, dims={"hidden": (32,)}, eval_samples=64)
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"))]

@@ -5,12 +5,7 @@ import torch
 from torch import nn
 
 from workbench import RunConfig
-from workbench.measure.probe import (
-    gradients,
-    make_probe,
-    max_relative_difference,
-    step_peak,
-)
+from workbench.lessons.probe import gradients, make_probe, max_relative_difference, step_peak
 
 TINY_GPT = RunConfig(model="gpt", preset="cpu-quick", seq_len=16, dims={"n_layer": 2, "n_head": 2, "d_model": 32})
 

@@ -9,7 +9,6 @@ import torch
 from torch import nn
 
 import workbench as wb
-from workbench.core import torchao_support
 from workbench.lessons import quantization as wq
 from workbench.lessons.quantization import (
     QuantResult,
@@ -18,6 +17,7 @@ from workbench.lessons.quantization import (
     measure,
     size_on_disk,
 )
+from workbench.machine import torchao_support
 
 pytest.importorskip("torchao", reason="torchao is optional: the 'quantization' extra")
 

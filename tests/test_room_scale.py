@@ -10,9 +10,9 @@ import time
 
 import pytest
 
+from workbench.classroom import room_view as views
+from workbench.classroom import sharing as share
 from workbench.lessons import room as lesson
-from workbench.measure import room as share
-from workbench.views import room as views
 
 ROW = {"notebook": "00_tour", "exercise": "answer_a", "predicted": 2.0, "measured": 1.6, "kind": "ratio", "unit": "x",
        "verdict": "wrong"}

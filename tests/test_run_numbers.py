@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-from workbench.measure.records import RunEnd, StepRecord
-from workbench.measure.result import format_metric
-from workbench.views.run_numbers import (details_html, duration, interval_label, numbers_html, other_figures,
-                                         rate_rows, status_html)
+from workbench.core.measure.records import RunEnd, StepRecord
+from workbench.core.measure.result import format_metric
+from workbench.core.views.run_numbers import (
+    details_html,
+    duration,
+    interval_label,
+    numbers_html,
+    other_figures,
+    rate_rows,
+    status_html,
+)
 
 
 def record(**kw) -> StepRecord:

@@ -23,12 +23,13 @@ import urllib.request
 import pytest
 
 import workbench as wb
-from workbench.core import cpu_class, hardware
-from workbench.core.fingerprint import CAP_VARIABLES, cpu_level, hardware_class
+from workbench.classroom import room_view as view
+from workbench.classroom import sharing as store
+from workbench.classroom.fingerprint import cpu_level, hardware_class
+from workbench.core.measure.result import LoopDescription
 from workbench.lessons import room as lesson
-from workbench.measure import room as store
-from workbench.measure.result import LoopDescription
-from workbench.views import room as view
+from workbench.machine import cpu_class, hardware
+from workbench.machine.cpu_class import CAP_VARIABLES
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 X86_AVX2 = {"avx2", "fma"} <= cpu_class._proc_cpu_flags()
@@ -37,7 +38,7 @@ ROW = {"notebook": "01_mixed_precision", "exercise": "bf16 speed-up", "predicted
 
 
 def _fingerprint_in(env: dict[str, str]) -> dict:
-    code = "import json; from workbench.core.fingerprint import fingerprint; print(json.dumps(fingerprint('cpu')))"
+    code = "import json; from workbench.classroom.fingerprint import fingerprint; print(json.dumps(fingerprint('cpu')))"
     clean = {k: v for k, v in os.environ.items() if k not in CAP_VARIABLES}  # CI's own caps too
     out = subprocess.run([sys.executable, "-c", code], env={**clean, **env, "PYTHONPATH": str(ROOT)},
                          capture_output=True, text=True, check=True, timeout=120).stdout
@@ -231,7 +232,7 @@ def test_a_comparison_or_a_monitored_loop_shares_too(room, result, capsys, monke
 LEARNER = """
 import os, pathlib, sys, time
 import workbench as wb
-from workbench.measure import room
+from workbench.classroom import sharing as room
 room.fingerprint()  # imports done before the start line, so the learners send together
 go = pathlib.Path(sys.argv[1])
 pathlib.Path(sys.argv[1] + "." + sys.argv[2]).touch()

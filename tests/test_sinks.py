@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import io
 
-from workbench.measure.records import RunEnd, RunStart, StepRecord
-from workbench.views.sinks import RecordingSink, TextSink
+from workbench.core.measure.records import RunEnd, RunStart, StepRecord
+from workbench.core.views.sinks import RecordingSink, TextSink
 
 
 def test_text_log_labels_interval_figures_and_ends_on_the_run_means():

@@ -14,9 +14,9 @@ import torch
 from torch.cuda import _memory_viz
 
 from workbench import RunConfig
+from workbench.core.measure import snapshot as snapshots
+from workbench.core.measure.snapshot import Lifetime, MemorySnapshot, build_snapshot, cuda_history, frame
 from workbench.lessons import planner as lesson
-from workbench.measure import snapshot as snapshots
-from workbench.measure.snapshot import Lifetime, MemorySnapshot, build_snapshot, cuda_history, frame
 from workbench.planner.estimate import estimate
 from workbench.planner.snapshot import predicted_snapshot
 

@@ -2,6 +2,7 @@
 
 import copy
 import dataclasses
+import functools
 import json
 import os
 from types import SimpleNamespace
@@ -11,20 +12,21 @@ import torch
 
 import workbench as wb
 from workbench.cli import build_parser, config_from_args
-from workbench.core import hardware
 from workbench.core.config import ConfigError, RunConfig, field_choices
+from workbench.core.engine.phases import LoopPhases
+from workbench.core.engine.train import run as train_run
+from workbench.core.measure.counters import SavedActivationCounter, gpt_activation_bytes_formula
+from workbench.core.measure.flops import FlopCounter
+from workbench.core.measure.result import RunResult
 from workbench.core.models import GPT, MLP, loss_fn, set_attention
 from workbench.core.optim import IMPLEMENTATIONS, implementation_problem, make_optimizer
-from workbench.engine.speedups import LoopPhases
-from workbench.switches.compiling import compile_model, tf32_matmuls
-from workbench.engine.train import run
-from workbench.measure.counters import (
-    SavedActivationCounter,
-    gpt_activation_bytes_formula,
-)
-from workbench.measure.flops import FlopCounter
-from workbench.measure.result import RunResult
+from workbench.core.switches.compiling import compile_model
+from workbench.core.switches.tf32 import matmuls as tf32_matmuls
 from workbench.lessons.speed import compile_payback, graph_breaks, optimizer_bench, phase_ms, saved_bytes
+from workbench.machine import hardware
+from workbench.planner.fit import check_fits
+
+run = functools.partial(train_run, check_fit=check_fits)  # as wb.run does, without its default view
 
 NO_COMPILER = "torch.compile on a CPU needs a C++ compiler (g++ or $CXX) and none is installed"
 needs_compiler = pytest.mark.skipif(hardware.cpp_compiler() is None, reason=NO_COMPILER)
@@ -332,7 +334,7 @@ def test_a_capped_cpu_never_runs_kernels_compiled_for_another_instruction_set(tm
 
 
 def test_the_inductor_cache_is_one_per_capability_and_cpu_unless_the_user_chose_one():
-    from workbench.core.compile_cache import inductor_cache_dir, separate_capped_cache
+    from workbench.machine.compile_cache import inductor_cache_dir, separate_capped_cache
 
     assert "_aten-native_" in inductor_cache_dir({})
     assert inductor_cache_dir({"ATEN_CPU_CAPABILITY": "avx2", "TORCHINDUCTOR_CACHE_DIR": "/mine"}) is None
@@ -344,7 +346,7 @@ def test_the_inductor_cache_is_one_per_capability_and_cpu_unless_the_user_chose_
 def test_a_child_started_with_another_cap_leaves_its_parents_cache_folder():
     # The parent imported workbench uncapped (its folder is in the environment); a kernel it starts
     # with ATEN_CPU_CAPABILITY=avx2 must not load the parent's AVX-512 kernels (SystemError in 08).
-    from workbench.core.compile_cache import separate_capped_cache
+    from workbench.machine.compile_cache import separate_capped_cache
 
     parent: dict[str, str] = {}
     native = separate_capped_cache(parent)

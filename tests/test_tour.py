@@ -2,9 +2,9 @@
 
 import pytest
 
+from workbench.lessons.contention import CoreShare
 from workbench.lessons.exercises import WrongAnswer
 from workbench.lessons.tour import check_speed, direction
-from workbench.measure.contention import CoreShare
 
 BUSY = CoreShare(cpu_s=0.3, wall_s=1.0, threads=1)  # 30% of a core: other work shared it
 FREE = CoreShare(cpu_s=1.0, wall_s=1.0, threads=1)

@@ -7,7 +7,7 @@ import torch
 
 import workbench as wb
 from workbench import RunConfig, run
-from workbench.views.sinks import RecordingSink
+from workbench.core.views.sinks import RecordingSink
 
 TINY = dict(model="mlp", data="digits", batch_size=32, steps=12, log_every=4, dims={"hidden": (32,)}, eval_samples=100)
 
@@ -111,7 +111,7 @@ def test_gpt_runs_with_checkpointing_and_saves_fewer_activation_bytes():
 
 
 def test_bf16_autocast_runs_on_cpu_and_warns_when_emulated():
-    from workbench.core import hardware
+    from workbench.machine import hardware
 
     result = run(RunConfig(**{**TINY, "precision": "bf16", "steps": 2, "log_every": 1}), sinks=[], name="bf16")
     assert result.status == "ok"
@@ -137,10 +137,10 @@ def test_the_first_step_counted_for_flops_peaks_no_higher_than_the_steps_after_i
 def test_flop_counter_leaves_a_checkpointed_steps_peak_as_it_is_and_counts_like_flopcountermode():
     from torch.utils.flop_counter import FlopCounterMode
 
+    from workbench.core.measure.flops import FlopCounter
     from workbench.core.models import GPT, loss_fn
-    from workbench.switches.checkpointing import set_activation_checkpointing
-    from workbench.measure.flops import FlopCounter
-    from workbench.measure.live import LiveTensors
+    from workbench.core.switches.activation_checkpointing import set_activation_checkpointing
+    from workbench.planner.live import LiveTensors
 
     torch.manual_seed(0)
     model = set_activation_checkpointing(GPT(256, 40, n_layer=12, n_head=4, d_model=48), "all")
@@ -187,7 +187,7 @@ def test_evaluation_never_peaks_above_the_training_steps_it_follows(changes):
     # paper: on an H200 notebook 07's 4 x 4 plan peaked in its fp32 evaluation, 1.25x its steps.
     import gc
 
-    from workbench.measure.live import LiveTensors
+    from workbench.planner.live import LiveTensors
 
     cfg = RunConfig(**changes, steps=2, log_every=1, eval_samples=200)
     run(cfg, sinks=[], name="warm-up")  # data loaded and cached outside the tracking
@@ -205,7 +205,7 @@ def test_evaluation_never_peaks_above_the_training_steps_it_follows(changes):
 
 
 def test_on_a_gpu_the_peak_is_the_runs_own_and_leaves_out_what_was_there_before():
-    from workbench.measure.recorder import Recorder
+    from workbench.core.measure.recorder import Recorder
 
     class Meter:  # a GPU meter as run() reads it: allocator peak 5,000; 1,200 allocated before the run
         on_cuda = True
@@ -237,7 +237,7 @@ def test_a_finished_run_frees_its_model_and_optimizer_state_without_waiting_for_
     # next run of notebook 01 started with ~1 GiB of the last one's still allocated.
     import gc
 
-    from workbench.measure.live import LiveTensors
+    from workbench.planner.live import LiveTensors
 
     keep = changes.pop("keep_model", False)
     cfg = RunConfig(**changes, preset="cpu-quick", steps=2, log_every=1, eval_samples=50)

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from workbench.cli import build_parser, config_from_args, latest_save, main
 from workbench.core.config import ConfigError
-from workbench.engine.launch import free_port
+from workbench.launching.launch import free_port
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TORCHRUN = f"{sys.executable} -m torch.distributed.run"  # the venv need not be on PATH

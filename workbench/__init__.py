@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 # Before anything compiles: inductor's cache must not mix kernels of two instruction sets (why: there)
-from workbench.core.compile_cache import separate_capped_cache  # noqa: E402
+from workbench.machine.compile_cache import separate_capped_cache  # noqa: E402
 
 separate_capped_cache()
 
@@ -28,37 +28,37 @@ _EXPORTS = {
     "run": "api",
     "launch": "api",
     "monitor": "api",
-    "share": "measure.room",
+    "share": "classroom.sharing",
     "training_parts": "api",
     "claims": "lessons.exercises",
     "evidence": "lessons.exercises",
-    "last_result": "engine.ending",
-    "RunInterrupted": "engine.ending",
-    "RunResult": "measure.result",
-    "MemoryBreakdown": "measure.result",
-    "compare": "views.compare",
-    "Comparison": "views.compare",
-    "hardware_report": "core.hardware",
+    "last_result": "core.engine.ending",
+    "RunInterrupted": "core.engine.ending",
+    "RunResult": "core.measure.result",
+    "MemoryBreakdown": "core.measure.result",
+    "compare": "core.views.compare",
+    "Comparison": "core.views.compare",
+    "hardware_report": "machine.hardware",
     "get_preset": "core.presets",
     "load_data": "core.data",
     "build_model": "core.models",
-    "set_activation_checkpointing": "switches.checkpointing",
-    "Sink": "measure.records",
-    "RunStart": "measure.records",
-    "StepRecord": "measure.records",
-    "RunEnd": "measure.records",
-    "TextSink": "views.sinks",
-    "RecordingSink": "views.sinks",
-    "format_bytes": "core.report",
-    "Dashboard": "views.dashboard",
+    "set_activation_checkpointing": "core.switches.activation_checkpointing",
+    "Sink": "core.measure.records",
+    "RunStart": "core.measure.records",
+    "StepRecord": "core.measure.records",
+    "RunEnd": "core.measure.records",
+    "TextSink": "core.views.sinks",
+    "RecordingSink": "core.views.sinks",
+    "format_bytes": "base.report",
+    "Dashboard": "core.views.dashboard",
     "check": "lessons.exercises",
     "agree": "lessons.exercises",
-    "calibration": "lessons.ledger",
-    "launch_function": "engine.launch",
-    "LaunchError": "engine.launch",
+    "calibration": "classroom.ledger",
+    "launch_function": "launching.launch",
+    "LaunchError": "launching.launch",
     "Estimate": "planner.estimate",
     "estimate": "planner.estimate",
-    "parse_oom": "measure.oom",
+    "parse_oom": "core.measure.oom",
     "plan": "planner.planning",
     "Target": "planner.planning",
     "Cluster": "planner.parallel",
@@ -82,23 +82,23 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from workbench.api import launch, monitor, run, training_parts
+    from workbench.base.report import format_bytes
+    from workbench.classroom.ledger import calibration
     from workbench.core.config import ConfigError, RunConfig
     from workbench.core.data import load_data
-    from workbench.core.hardware import hardware_report
+    from workbench.core.engine.ending import RunInterrupted, last_result
+    from workbench.core.measure.oom import parse_oom
+    from workbench.core.measure.records import RunEnd, RunStart, Sink, StepRecord
+    from workbench.core.measure.result import MemoryBreakdown, RunResult
     from workbench.core.models import build_model
-    from workbench.switches.checkpointing import set_activation_checkpointing
     from workbench.core.presets import get_preset
-    from workbench.core.report import format_bytes
-    from workbench.engine.ending import RunInterrupted, last_result
-    from workbench.engine.launch import LaunchError, launch_function
-    from workbench.planner.estimate import Estimate, estimate
-    from workbench.measure.oom import parse_oom
-    from workbench.measure.records import RunEnd, RunStart, Sink, StepRecord
-    from workbench.measure.result import MemoryBreakdown, RunResult
+    from workbench.core.switches.activation_checkpointing import set_activation_checkpointing
+    from workbench.core.views.compare import Comparison, compare
+    from workbench.core.views.dashboard import Dashboard
+    from workbench.core.views.sinks import RecordingSink, TextSink
+    from workbench.launching.launch import LaunchError, launch_function
     from workbench.lessons.exercises import agree, check, claims, evidence
-    from workbench.lessons.ledger import calibration
+    from workbench.machine.hardware import hardware_report
+    from workbench.planner.estimate import Estimate, estimate
     from workbench.planner.parallel import Cluster, plan_parallel
     from workbench.planner.planning import Target, plan
-    from workbench.views.compare import Comparison, compare
-    from workbench.views.dashboard import Dashboard
-    from workbench.views.sinks import RecordingSink, TextSink

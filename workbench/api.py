@@ -10,14 +10,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from workbench.core.arguments import checked_torch_device
+from workbench.base.arguments import checked_torch_device
 from workbench.core.config import RunConfig, run_config
-from workbench.engine import launch as _launch
-from workbench.engine import monitor as _monitor
-from workbench.engine import train as _train
-from workbench.measure.records import Sink
-from workbench.measure.result import RunResult
-from workbench.views.dashboard import default_sinks
+from workbench.core.engine import monitor as _monitor
+from workbench.core.engine import train as _train
+from workbench.core.measure.records import Sink
+from workbench.core.measure.result import RunResult
+from workbench.core.views.dashboard import default_sinks
+from workbench.launching import launch as _launch
+from workbench.planner.fit import check_fits
 
 if TYPE_CHECKING:
     import torch
@@ -25,19 +26,20 @@ if TYPE_CHECKING:
 
 def run(config: RunConfig, *, sinks: Iterable[Sink] | None = None, name: str | None = None,
         keep_model: bool = False) -> RunResult:
-    """Train one run and measure it (`workbench.engine.train.run`), shown live.
+    """Train one run and measure it (`workbench.core.engine.train.run`), shown live.
 
     sinks: where the records go; None: the live dashboard in a notebook, a text log elsewhere.
 
     Example:
         >>> result = run(RunConfig(model="mlp", steps=20, preset="cpu-quick"), name="baseline")  # doctest: +SKIP
     """
-    return _train.run(config, sinks=default_sinks() if sinks is None else sinks, name=name, keep_model=keep_model)
+    return _train.run(config, sinks=default_sinks() if sinks is None else sinks, name=name, keep_model=keep_model,
+                      check_fit=check_fits)  # the planner's fit check, passed down: the engine never imports it
 
 
 def launch(config: RunConfig, *, num_processes: int = 2, name: str | None = None,
            sinks: Iterable[Sink] | None = None, **kwargs: Any) -> RunResult:
-    """`config` data-parallel on `num_processes` processes (`workbench.engine.launch.launch`),
+    """`config` data-parallel on `num_processes` processes (`workbench.launching.launch.launch`),
     rank 0's records shown live; None sinks: the dashboard in a notebook, text elsewhere."""
     return _launch.launch(config, num_processes=num_processes, name=name,
                           sinks=default_sinks() if sinks is None else sinks, **kwargs)
@@ -45,7 +47,7 @@ def launch(config: RunConfig, *, num_processes: int = 2, name: str | None = None
 
 def monitor(model: Any, optimizer: Any = None, *, steps: int, name: str = "hand-written loop",
             sinks: Iterable[Sink] | None = None, **kwargs: Any) -> _monitor.Monitor:
-    """Measure a hand-written loop (`workbench.engine.monitor.monitor`), shown live; None sinks:
+    """Measure a hand-written loop (`workbench.core.engine.monitor.monitor`), shown live; None sinks:
     the dashboard in a notebook, text elsewhere."""
     return _monitor.monitor(model, optimizer, steps=steps, name=name,
                             sinks=default_sinks() if sinks is None else sinks, **kwargs)
@@ -75,8 +77,8 @@ def training_parts(config: RunConfig, *, device: str | torch.device | None = Non
         >>> c, model, optimizer, batches = training_parts(RunConfig(model="mlp"))  # doctest: +SKIP
     """
     from workbench.core import custom
-    from workbench.core.hardware import resolve_device
-    from workbench.switches import data_loading, optimizer
+    from workbench.core.switches import data_loading, optimizer
+    from workbench.machine.hardware import resolve_device
 
     c = run_config(config)
     device = resolve_device(c.device) if device is None else checked_torch_device(device)

@@ -32,9 +32,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from workbench.core.arguments import label, shown
+from workbench.base.arguments import label, shown
+from workbench.base.atomic_write import write_whole
 from workbench.core.config import ConfigError, RunConfig, field_choices
-from workbench.core.atomic_write import write_whole
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -129,7 +129,7 @@ def latest_save(folder: str | None) -> str | None:
     if not folder:
         raise ConfigError("resume_from='auto' resumes from the latest save in save_state_dir; "
                           "pass --save-state-dir DIR with it")
-    from workbench.engine.resume import find
+    from workbench.core.engine.resume import find
 
     try:
         return str(find(folder))
@@ -237,17 +237,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.refuse(problem)  # before training, so the figures are not lost after it
     if problem := _fail_at_step_problem(args):
         parser.refuse(problem)
-    from workbench.engine.train import RunInterrupted, run
-    from workbench.views.sinks import TextSink
+    from workbench.core.engine.train import RunInterrupted, run
+    from workbench.core.views.sinks import TextSink
+    from workbench.planner.fit import check_fits
 
     try:
         if config.resume_from and int(os.environ.get("RANK", "0")) == 0:
             print(f"resuming from {config.resume_from}", flush=True)
         failing = [] if args.fail_at_step is None else [_FailOnce(args.fail_at_step)]
-        result = run(config, sinks=[_MainProcessOnly(TextSink()), *failing], name=args.name)
+        result = run(config, sinks=[_MainProcessOnly(TextSink()), *failing], name=args.name, check_fit=check_fits)
     except RunInterrupted as stopped:  # Ctrl-C: the log said so; report what was done, exit 130
         result = stopped.result
-    except ConfigError as error:  # refused before step 1 (memory, checkpoints): one line, exit 2
+    except ConfigError as error:  # refused before step 1 (memory, saves): one line, exit 2
         parser.refuse(str(error))
     code = {"ok": 0, "interrupted": 130}.get(result.status, 1)  # 'oom', 'diverged': 1
     # RANK is set by every launcher (accelerate launch, torchrun); absent: one process.

@@ -97,7 +97,7 @@ def _hardware() -> list[Finding]:
     import psutil
     import torch
 
-    from workbench.core import hardware
+    from workbench.machine import hardware
 
     found = [Finding("CPU", "ok", f"{hardware.cpu_name()}, {os.cpu_count()} logical cores, torch uses "
                                   f"{torch.get_num_threads()} threads"),
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     findings = preflight()
     if args.json:
-        from workbench.core.atomic_write import write_whole
+        from workbench.base.atomic_write import write_whole
 
         try:  # whole or not at all: a full disk leaves the file that was there
             write_whole(args.json, json.dumps([asdict(x) for x in findings], indent=1))

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.browser
 # ~8 s of real training (the small MLP, 3,000 steps, a point every 20) with the default view.
 LONG_RUN_CELL = """\
 import workbench as wb
-from workbench.views.dashboard import Dashboard, default_sinks
+from workbench.core.views.dashboard import Dashboard, default_sinks
 assert isinstance(default_sinks()[0], Dashboard), default_sinks()
 first = wb.run(wb.RunConfig(model="mlp", preset="cpu-quick", steps=3000, log_every=20, eval_samples=0),
                name="first run")
@@ -39,7 +39,7 @@ assert first.status == "ok", first.status
 SECOND_RUN_CELL = """\
 second = wb.run(wb.RunConfig(model="mlp", preset="cpu-quick", steps=300, log_every=10, eval_samples=0),
                 name="second run")
-from workbench.measure.result import results_table
+from workbench.core.measure.result import results_table
 table = results_table([second])
 print("results table:", dict(zip(table.header, table.rows[0])))
 """

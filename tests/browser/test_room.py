@@ -72,7 +72,7 @@ view
 def test_the_teachers_view_refreshes_itself_while_a_learner_shares(jupyter_lab, page):
     """No root, no hub: JupyterLab, the teacher's live view on a simulated room, and a share from outside
     the kernel; the page shows it without a cell being run (the refresh task, widgets updated in place)."""
-    from workbench.measure import room as share
+    from workbench.classroom import sharing as share
 
     jupyter_lab.write_notebook("watch.ipynb", WATCH_CELL, "view.stop()\nroom.stop()")
     page.goto(jupyter_lab.notebook_url("watch.ipynb"))

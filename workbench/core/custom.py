@@ -38,9 +38,9 @@ from torch.utils.data import (
     default_collate,
 )
 
-from workbench.core import label_range
+from workbench.base import label_range
+from workbench.base.errors import ConfigError
 from workbench.core.data import DATASETS, DataBundle, load_data
-from workbench.core.errors import ConfigError
 from workbench.core.models import MODEL_SPECS, ModelSpec, parameter_count
 
 __all__ = ["ContractBatches", "OwnData", "as_contract", "check_forward", "checked_copy", "describe_data",
@@ -74,6 +74,14 @@ def model_spec(model: str | nn.Module) -> ModelSpec:
     if isinstance(model, str):
         return MODEL_SPECS[model]
     return ModelSpec(type(model).__name__, "custom", frozenset(), "", 1e-3, has_blocks=False)
+
+
+def refuse_for_own_model(r: dict[str, Any], on: bool, what: str, fix: str) -> None:
+    """A switch that reaches into a built-in model's architecture, turned on for your own module:
+    refused in one line that says what the switch does and how to do it in your module yourself.
+    Each such switch calls this first in its own `check` (its refusal lives with it)."""
+    if on and isinstance(r["model"], nn.Module):
+        raise ConfigError(f"{what}; for model={shown_model(r['model'])} {fix}")
 
 
 def shown_model(model: str | nn.Module) -> str:

@@ -27,7 +27,7 @@ import os
 from typing import Any
 
 # Re-exported: checks and switches call limits.shown, limits.as_float and limits.SEED_LIMIT.
-from workbench.core.arguments import SEED_LIMIT, as_float, shown  # noqa: F401
+from workbench.base.arguments import SEED_LIMIT, as_float, shown  # noqa: F401
 
 MAX_WORKERS = 64
 
@@ -140,14 +140,14 @@ def save_dir_problem(path: str) -> str | None:
     """Why a run could not save under `path`, found before step 1 (None: it can)."""
     if os.path.exists(path):
         if not os.path.isdir(path):
-            return f"save_state_dir={path!r} is a file, not a folder; pass a folder path such as 'checkpoints'"
+            return f"save_state_dir={path!r} is a file, not a folder; pass a folder path such as 'saves'"
         target = path
     else:
         target = os.path.dirname(os.path.abspath(path))
         while not os.path.exists(target):
             target = os.path.dirname(target)
         if not os.path.isdir(target):
-            return f"save_state_dir={path!r} lies under the file {target!r}; pass a folder path such as 'checkpoints'"
+            return f"save_state_dir={path!r} lies under the file {target!r}; pass a folder path such as 'saves'"
     if not os.access(target, os.W_OK | os.X_OK):
         return f"save_state_dir={path!r}: {target!r} is not writable; pass a folder you can write to"
     return None

@@ -3,7 +3,7 @@ for language modelling, and the pretrained MiniLM (all-MiniLM-L6-v2) for text
 classification. Every model is called the same way: `logits = model(batch["inputs"])`.
 
 `build_model(name, data=..., dims=...)` builds one sized by a preset; the switches that
-change a built model (checkpointing, attention, ...) are in `workbench/switches/`.
+change a built model (checkpointing, attention, ...) are in `workbench/core/switches/`.
 
 Example:
     >>> torch.manual_seed(0)  # doctest: +SKIP
@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from workbench.base.errors import ArgumentError
 from workbench.core.data import DATASETS
-from workbench.core.errors import ArgumentError
 from workbench.core.saved import note_saved
 
 __all__ = ["MODELS", "MODEL_SPECS", "ModelSpec", "loss_fn", "MLP", "SmallCNN", "GPT", "PretrainedClassifier", "build_model",
@@ -244,7 +244,7 @@ class PretrainedClassifier(nn.Module):
         verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
-        from workbench.core.torchao_support import (
+        from workbench.machine.torchao_support import (
             quiet_torchao_logs,  # transformers loads torchao when installed: quietly
         )
 

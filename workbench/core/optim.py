@@ -1,4 +1,4 @@
-"""The optimizers a RunConfig names, built the one way run(), the estimate and probes share."""
+"""The optimizers a RunConfig names, built the one way run(), the estimate and the lessons' one-step probes share."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
 
 @dataclass(frozen=True)
 class OptimizerSpec:
@@ -56,7 +57,7 @@ def make_optimizer(model: torch.nn.Module, cfg: Any) -> torch.optim.Optimizer:
     if cfg.optimizer == "adafactor":
         return torch.optim.Adafactor(params, lr=cfg.lr, weight_decay=cfg.weight_decay, **impl)
     if cfg.optimizer == "adamw8bit":
-        from workbench.core.torchao_support import import_torchao
+        from workbench.machine.torchao_support import import_torchao
 
         AdamW8bit = import_torchao("torchao.optim").AdamW8bit  # quietly: it logs about CUDA-only parts
         return _eager_on_cpu(AdamW8bit(params, lr=cfg.lr, weight_decay=cfg.weight_decay, **impl))

@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from workbench.core import environment
-from workbench.core.arguments import shown
+from workbench.base.arguments import shown
+from workbench.machine import environment
 
 PRESET_ENV_VAR = "WORKBENCH_PRESET"
 MAX_STEPS_ENV_VAR = "WORKBENCH_MAX_STEPS"
@@ -161,7 +161,7 @@ UNKNOWN_CARD_GIB = 14.5
 
 def _sized_to_card(preset: Preset) -> Preset:
     """The gpu preset with its GPT shape for this machine's card, and a note saying which and why."""
-    from workbench.core.hardware import gpu_memory_bytes
+    from workbench.machine.hardware import gpu_memory_bytes
 
     total, source = gpu_memory_bytes()
     gib = UNKNOWN_CARD_GIB if total is None else total / 2**30

@@ -4,7 +4,7 @@ Non-reentrant activation checkpointing keeps a block's input alive for the recom
 Whether that tensor passes through an outer `saved_tensors_hooks` pair depends on the
 torch version (on 2.13 it does: `checkpoint` stores it as an autograd SavedTensor before
 installing its own, innermost, hooks), so models that checkpoint also call `note_saved` on
-it; the exact counter (`workbench.measure.counters.SavedActivationCounter`) listens while
+it; the exact counter (`workbench.core.measure.counters.SavedActivationCounter`) listens while
 it is active and counts each storage once, however often it is reported. The hook point lives here, with the models, so the models need not import the
 measuring code: measure depends on core, never the reverse.
 """

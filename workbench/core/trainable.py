@@ -11,7 +11,7 @@ gives the optimizer only the parameters that train. The weights themselves stay.
   Linear layers: each frozen weight W (out x in) gains B @ A, with A (rank x in) and
   B (out x rank) the only new trainable values, rank x (in + out) per layer. The model's
   head (a fresh classifier) trains whole; `merge_and_unload()` folds B @ A into W after;
-- the switch itself (its checks, what `run()` calls, the estimate's key): `switches/trainable.py`;
+- the switch itself (its checks, what `run()` calls, the estimate's key): `core/switches/trainable.py`;
 - `lora_parameter_count(model, rank, targets)`: the exact count of LoRA's new values.
 
 Example:

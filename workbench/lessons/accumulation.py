@@ -27,14 +27,15 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from torch import nn
-from workbench.core.models import loss_fn
-from workbench.core.report import Table
-from workbench.engine.accelerator import make_accelerator
-from workbench.lessons import evidence
-# make_probe, gradients, max_relative_difference: re-exported for the notebook's own cells
-from workbench.measure.probe import PeakReading, Probe, gradients, make_probe, max_relative_difference, step_peak
-from workbench.views.figures_accumulation import memory_timeline_figure  # re-exported for the notebook
 
+from workbench.base.report import Table
+from workbench.core.engine.accelerator import make_accelerator
+from workbench.core.models import loss_fn
+from workbench.lessons import evidence
+from workbench.lessons.figures_accumulation import memory_timeline_figure  # re-exported for the notebook
+
+# make_probe, gradients, max_relative_difference: re-exported for the notebook's own cells
+from workbench.lessons.probe import PeakReading, Probe, gradients, make_probe, max_relative_difference, step_peak
 
 __all__ = ["Rows", "accumulation_check", "window_peak", "padded_labels", "claim_rows", "effective_batch",
            "make_probe", "gradients", "max_relative_difference", "memory_timeline_figure"]

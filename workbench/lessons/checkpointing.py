@@ -24,21 +24,20 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint_sequential
-from torch.utils.checkpoint import checkpoint
-from workbench.core.config import RunConfig
-from workbench.core.models import GPT, loss_fn, unavailable_reason
-from workbench.switches.checkpointing import noting_matmuls as count_kept_matmuls  # noqa: F401  (03's selective cell)
-from workbench.switches.checkpointing import set_activation_checkpointing
-from workbench.core.report import Results, format_bytes
-from workbench.core.saved import note_saved
-from workbench.lessons import evidence
-from workbench.measure.contention import CoreShare, core_share
-from workbench.measure.counters import SavedActivationCounter, gpt_activation_bytes_formula
-from workbench.measure.probe import gradients, make_probe, max_relative_difference, step_peak
-from workbench.planner.timeline import step_timeline
-from workbench.views.figures_memory import step_timeline_figure, stored_vs_recomputed
+from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
+from workbench.base.report import Results, format_bytes
+from workbench.core.config import RunConfig
+from workbench.core.measure.counters import SavedActivationCounter, gpt_activation_bytes_formula
+from workbench.core.models import GPT, loss_fn, unavailable_reason
+from workbench.core.saved import note_saved
+from workbench.core.switches.activation_checkpointing import noting_matmuls as count_kept_matmuls  # noqa: F401  (03's selective cell)
+from workbench.core.switches.activation_checkpointing import set_activation_checkpointing
+from workbench.lessons import evidence
+from workbench.lessons.contention import CoreShare, core_share
+from workbench.lessons.figures_memory import step_timeline_figure, stored_vs_recomputed
+from workbench.lessons.probe import gradients, make_probe, max_relative_difference, step_peak
+from workbench.planner.timeline import step_timeline
 
 __all__ = ["Segments", "segment_blocks", "checkpoint_sequential_forward", "DialPoint", "Dial",
            "checkpointing_dial", "make_probe", "claim_rows", "block_accounting", "memory_moments", "minilm_dial"]

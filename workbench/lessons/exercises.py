@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.core.report import Report
+from workbench.base.report import Report
+from workbench.classroom.ledger import _exercise_name, record
 from workbench.lessons import evidence
 from workbench.lessons.evidence import Evidence, kind_needed
-from workbench.lessons.ledger import _exercise_name, record
 
 __all__ = ["check", "as_number", "WrongAnswer", "UnreadableAnswer", "agree", "Disagree", "claims", "Claims", "evidence"]
 
@@ -88,7 +88,7 @@ def check(answer: Any, expected: Any, *, rel_tol: float = 0.0, hint: str = "", k
     Prints "Correct" or "Not answered yet" (the hint, never the truth); raises WrongAnswer when
     answered wrongly, UnreadableAnswer (one line) for an answer that holds no single value of
     the expected kind. An answer is recorded in the prediction ledger first (`kind`, `unit`,
-    `exercise`: the row's, see lessons/ledger.py; inferred when not given).
+    `exercise`: the row's, see classroom/ledger.py; inferred when not given).
 
     Example:
         >>> check(None, 42, hint="count the bytes")

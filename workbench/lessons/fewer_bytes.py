@@ -25,10 +25,10 @@ from dataclasses import dataclass
 
 import torch
 
+from workbench.base.report import Report, format_bytes
+from workbench.core.measure.counters import gradient_bytes, optimizer_state_bytes, parameter_bytes
 from workbench.core.models import loss_fn
-from workbench.core.report import Report, format_bytes
-from workbench.core.torchao_support import quiet_torchao_logs
-from workbench.measure.counters import gradient_bytes, optimizer_state_bytes, parameter_bytes
+from workbench.machine.torchao_support import quiet_torchao_logs
 
 __all__ = ["ModelState", "one_step_bytes", "state_bytes", "quiet_torchao"]
 

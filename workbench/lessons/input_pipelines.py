@@ -33,6 +33,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from workbench.base.report import Report, figure_html
+from workbench.classroom.ledger import record
 from workbench.core.data import image_pixels  # noqa: F401  (the notebook's names, in one place)
 from workbench.core.data.catalog import MNIST_MEAN, MNIST_STD  # noqa: F401
 from workbench.core.data.files import (  # noqa: F401
@@ -45,11 +47,9 @@ from workbench.core.data.files import (  # noqa: F401
     prepare_image,
     write_image_files,
 )
-from workbench.core.report import Report, figure_html
 from workbench.lessons import evidence
+from workbench.lessons.contention import other_work  # noqa: F401
 from workbench.lessons.exercises import check
-from workbench.lessons.ledger import record
-from workbench.measure.contention import other_work  # noqa: F401
 
 
 def release_on_error(loader: Iterable) -> Iterator:
@@ -245,8 +245,9 @@ def loader_sweep(base: Any, plan: Sequence[tuple[str, dict[str, Any]]], *, done:
                  sinks: Any = None) -> list[Any]:
     """run() the baseline config once per plan entry ("x2" doubles the batch size), in plan
     order; entries named like a result in `done` reuse that result instead of running again."""
-    from workbench.engine.train import run
-    from workbench.views.dashboard import default_sinks
+    from workbench.core.engine.train import run
+    from workbench.core.views.dashboard import default_sinks
+    from workbench.planner.fit import check_fits
 
     have = {r.name: r for r in done}
     batch = base.resolved().batch_size
@@ -254,7 +255,8 @@ def loader_sweep(base: Any, plan: Sequence[tuple[str, dict[str, Any]]], *, done:
     for name, fields in plan:
         fields = {k: batch * 2 if v == "x2" else v for k, v in fields.items()}
         results.append(have[name] if name in have else run(dataclasses.replace(base, **fields), name=name,
-                                                                      sinks=default_sinks() if sinks is None else sinks))
+                                                                      sinks=default_sinks() if sinks is None else sinks,
+                                                                      check_fit=check_fits))
     return results
 
 

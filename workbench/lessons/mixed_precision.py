@@ -24,17 +24,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workbench.core import hardware
-from workbench.core.hardware import precision_here
-from workbench.core.precisions import DTYPES
+from workbench.base.precisions import DTYPES
+from workbench.base.report import format_bytes as wb_bytes
+from workbench.base.report import html_table, text_table
+from workbench.core.engine.accelerator import reset_accelerate_state
+from workbench.core.measure.counters import gpt_activation_bytes_formula
 from workbench.core.presets import get_preset
-from workbench.core.report import format_bytes as wb_bytes
-from workbench.core.report import html_table, text_table
-from workbench.engine.accelerator import reset_accelerate_state
+from workbench.core.switches.precision import enable_fp16_on_cpu
 from workbench.lessons import evidence
-from workbench.switches.precision import enable_fp16_on_cpu
-from workbench.measure.counters import gpt_activation_bytes_formula
-from workbench.views.figures_precision import bit_layout_figure
+from workbench.lessons.figures_precision import bit_layout_figure
+from workbench.machine import hardware
+from workbench.machine.hardware import precision_here
 
 __all__ = ["arm_budget", "autocast_policy", "bit_layout_figure", "claim_rows", "enable_fp16_on_cpu",
            "gpt_activation_bytes_autocast", "gpt_activation_bytes_formula", "inspect_model", "loss_saved_bytes",
@@ -251,8 +251,8 @@ def inspect_model(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, 
     """
     from torch.utils._python_dispatch import TorchDispatchMode
 
+    from workbench.core.measure.counters import SavedActivationCounter
     from workbench.core.models import loss_fn
-    from workbench.measure.counters import SavedActivationCounter
 
     report = PrecisionReport(precision)
     ops: Counter[tuple[str, str]] = Counter()

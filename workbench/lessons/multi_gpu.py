@@ -25,7 +25,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-
 __all__ = ["LaunchHung", "bounded_launch", "notebook_launch", "check_worlds", "same_curve", "check_same_curve"]
 
 
@@ -50,7 +49,7 @@ class BoundedLaunch:
     children after `timeout_s` and raises `LaunchHung` (the stopped launch's own error is its cause)."""
 
     def __init__(self, timeout_s: float, num_processes: int) -> None:
-        from workbench.engine.launch import free_port
+        from workbench.launching.launch import free_port
 
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < float("inf"):
             raise ValueError(f"timeout_s={timeout_s!r} must be a positive number of seconds; pass e.g. timeout_s=60")
@@ -77,7 +76,7 @@ class BoundedLaunch:
     def __enter__(self) -> BoundedLaunch:
         from accelerate.utils import patch_environment
 
-        from workbench.engine.accelerator import reset_accelerate_state
+        from workbench.core.engine.accelerator import reset_accelerate_state
 
         # notebook_launcher refuses to start once a cell made an Accelerator (wb.run does);
         # the children make their own.

@@ -30,11 +30,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.core.report import format_bytes
-from workbench.measure.communication import CollectiveCounter, wire_bytes
-from workbench.measure.counters import SavedActivationCounter, parameter_bytes
-from workbench.measure.probe import tensor_peak
-from workbench.switches.parallelize import (
+from workbench.base.report import format_bytes
+from workbench.core.measure.counters import SavedActivationCounter, parameter_bytes
+from workbench.lessons.probe import tensor_peak
+from workbench.planner.communication import CollectiveCounter, wire_bytes
+from workbench.planner.parallelize import (
     group_qkv_by_process,
     pipeline_stages,
     stage_layers,
@@ -326,7 +326,7 @@ def _parts(config: Any) -> tuple[Any, nn.Module, Iterator[dict]]:
     """What `wb.training_parts(config)` gives on the CPU (the top layer's, not importable here):
     the resolved config, the seeded model and the reshuffled batches run() trains on."""
     from workbench.core import custom
-    from workbench.switches import data_loading
+    from workbench.core.switches import data_loading
 
     c = config.resolved()
     bundle = custom.load_bundle(c)
@@ -344,7 +344,7 @@ def launch(fn: Any, *args: Any, num_processes: int = 2, timeout_s: float = 120.0
     """`wb.launch_function(fn, *args, num_processes=..., device="cpu", timeout_s=...)`: `fn` in
     `num_processes` connected CPU processes (gloo), their return values; a launch still running
     after `timeout_s` is stopped and raises. (The children come from a fork server that holds no
-    thread, so none inherits a held lock: engine/processes.py.)"""
-    from workbench.engine.launch import launch_function
+    thread, so none inherits a held lock: launching/processes.py.)"""
+    from workbench.launching.launch import launch_function
 
     return launch_function(fn, *args, num_processes=num_processes, device="cpu", timeout_s=timeout_s)

@@ -20,26 +20,28 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
+import gc
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
+
+import torch
+
+from workbench.base.report import Report, format_bytes
 from workbench.core import custom
 from workbench.core.config import RunConfig
-from workbench.core.report import Report, format_bytes
+from workbench.core.measure.records import RunEnd, RunStart, StepRecord
+from workbench.core.measure.snapshot import Lifetime, MemorySnapshot, build_snapshot, cuda_history, frame
+from workbench.machine import hardware
+from workbench.machine.hardware import precision_here
 from workbench.planner.estimate import accelerate_estimate, estimate
+from workbench.planner.fit import check_fits as check_fits_here
+from workbench.planner.live import CUDA_BLOCK_BYTES, LiveTensors, op_name
 from workbench.planner.planning import Plan, Plans, Target, explain
-import contextlib
-import gc
-from typing import NamedTuple
-import torch
-from workbench.core import hardware
-from workbench.core.hardware import precision_here
-from workbench.measure.live import CUDA_BLOCK_BYTES, LiveTensors, op_name
-from workbench.measure.snapshot import Lifetime, MemorySnapshot, build_snapshot, cuda_history, frame
 from workbench.planner.snapshot import predicted_snapshot
-from workbench.measure.records import RunEnd, RunStart, StepRecord
-
 
 __all__ = ["max_micro_batch", "search_micro_batch", "Verification", "accelerate_estimate", "explain",
            "precisions_here", "precision_here", "check_fits", "forecast_verdict"]
@@ -86,10 +88,10 @@ def search_micro_batch(config: RunConfig, *, start: int, reduce: Callable[[int],
     import torch
     from accelerate.utils import find_executable_batch_size
 
-    from workbench.engine.train import run
+    from workbench.core.engine.train import run
     from workbench.planner.fit import DoesNotFit
 
-    runner = runner or run
+    runner = runner or functools.partial(run, check_fit=check_fits_here)  # as wb.run: the fit check first
     tries: list[tuple[int, str]] = []
     base = dataclasses.replace(config.resolved(), epochs=None, steps=1, eval_samples=0, grad_accum_steps=1)
 
@@ -172,7 +174,7 @@ class Verification(Report):
 def precisions_here() -> tuple[str, ...]:
     """The precisions this machine runs natively: fp32, and bf16 where the CPU (AVX512-BF16, AMX)
     or a GPU has it. An emulated bf16 step is many times slower: timing it for a plan takes minutes."""
-    from workbench.core.hardware import precision_support, resolve_device
+    from workbench.machine.hardware import precision_support, resolve_device
 
     device = resolve_device("auto")
     return ("fp32",) + (("bf16",) if precision_support(device, "bf16") == "native" else ())
@@ -244,7 +246,7 @@ def _tracked_run(config: RunConfig, steps: int, live: LiveTensors | None, sink: 
     """Run `config` for `steps` optimizer steps (logging every step, no evaluation) under `live`
     (None: untracked), `sink` hearing every step. The data set is loaded first, outside it."""
     from workbench.core.data import load_data
-    from workbench.engine.train import run
+    from workbench.core.engine.train import run
 
     if steps < 2:
         raise ValueError(f"steps={steps} must be at least 2: the first step creates the optimizer state")
@@ -261,7 +263,7 @@ def _tracked_run(config: RunConfig, steps: int, live: LiveTensors | None, sink: 
     gc.disable()
     try:
         with live if live is not None else contextlib.nullcontext():
-            result = run(cfg, sinks=[sink], name=name)
+            result = run(cfg, sinks=[sink], name=name, check_fit=check_fits_here)
     finally:
         gc.enable()
     if result.status != "ok":
@@ -376,6 +378,6 @@ def measured_snapshot(config: RunConfig, *, steps: int = 3) -> MemorySnapshot:
 
 def snapshot_figure(predicted: MemorySnapshot, measured: MemorySnapshot) -> Any:
     """The two timelines side by side (what memory_viz's Active Memory Timeline stacks)."""
-    from workbench.views.figures_memory import snapshot_timelines
+    from workbench.lessons.figures_memory import snapshot_timelines
 
     return snapshot_timelines({"predicted": predicted, "measured": measured})

@@ -48,15 +48,26 @@ Example:
 from __future__ import annotations
 
 import copy
+import io
 import logging
 import re
+import statistics
+import time
 import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
+
 import torch
 from torch import nn
-from workbench.core.hardware import int8_kernels, int8_speedup_expected, presented_note
+
+from workbench.base.report import Results, Table, format_bytes
 from workbench.core.models import unavailable_reason  # noqa: F401  (the notebook's names, in one place)
-from workbench.core.torchao_support import (
+from workbench.lessons import evidence
+from workbench.lessons.contention import interleaved_speedup
+from workbench.lessons.figures_memory import weight_grid  # noqa: F401
+from workbench.machine.hardware import int8_kernels, int8_speedup_expected, presented_note
+from workbench.machine.torchao_support import (
     config_by_name,
     first_line,
     import_torchao,
@@ -65,16 +76,6 @@ from workbench.core.torchao_support import (
     require_linear,
     torchao_version,
 )
-import io
-import statistics
-import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from workbench.core.report import Results, Table, format_bytes
-from workbench.lessons import evidence
-from workbench.measure.contention import interleaved_speedup
-from workbench.views.figures_memory import weight_grid  # noqa: F401
-
 
 BACKENDS = ("torchao", "torch.ao")
 

@@ -25,10 +25,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workbench.core.fingerprint import CAP_VARIABLES
-from workbench.measure.room import KEY_VARIABLE, ROOM_VARIABLE, RoomUnreadable, room_records
-from workbench.views.room import (calibration_table, class_table, effects, outlier_table, outliers, room_figure,
-                                  room_table, skipped_table)
+from workbench.classroom.room_view import (
+    calibration_table,
+    class_table,
+    effects,
+    outlier_table,
+    outliers,
+    room_figure,
+    room_table,
+    skipped_table,
+)
+from workbench.classroom.sharing import KEY_VARIABLE, ROOM_VARIABLE, RoomUnreadable, room_records
+from workbench.machine.cpu_class import CAP_VARIABLES
 
 __all__ = ["Room", "as_learner", "calibration_table", "class_table", "effects", "outlier_table", "outliers",
            "room_figure", "room_records", "room_table", "simulated_room", "skipped_table", "the_room", "watch"]
@@ -70,7 +78,7 @@ def simulated_room(learners: tuple[str, ...] = ("learner-a", "learner-b", "learn
     keys[teacher] = {"name": "teacher", "teacher": True}
     (folder / "keys.json").write_text(json.dumps(keys))
     (folder / "keys.json").chmod(0o600)
-    command = [sys.executable, "-u", "-m", "workbench.measure.room_store", "--store", str(folder / "records"),
+    command = [sys.executable, "-u", "-m", "workbench.classroom.store", "--store", str(folder / "records"),
                "--keys", str(folder / "keys.json"), "--port", "0"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [

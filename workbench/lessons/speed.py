@@ -35,12 +35,12 @@ from typing import Any
 
 import torch
 
-from workbench.core import hardware
-from workbench.core.hardware import missing_here
-from workbench.core.report import Report, Results
-from workbench.measure.counters import SavedActivationCounter
-from workbench.measure.probe import max_relative_difference
-from workbench.measure.result import RunResult
+from workbench.base.report import Report, Results
+from workbench.core.measure.counters import SavedActivationCounter
+from workbench.core.measure.result import RunResult
+from workbench.lessons.probe import max_relative_difference
+from workbench.machine import hardware
+from workbench.machine.hardware import missing_here
 
 __all__ = ["Payback", "GraphBreaks", "OptimizerBench", "compile_problem", "phase_ms", "trace_ranges", "saved_bytes",
            "optimizer_bench", "compile_payback", "graph_breaks", "matmul_seconds", "missing_here"]

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from workbench.classroom.ledger import record
 from workbench.core.presets import get_preset
 from workbench.lessons import evidence
+from workbench.lessons.contention import CoreShare, core_share
 from workbench.lessons.exercises import check
-from workbench.lessons.ledger import record
-from workbench.measure.contention import CoreShare, core_share
 
 __all__ = ["check_speed", "claim_rows", "core_share", "direction"]
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench.engine.launch import free_port
+from workbench.launching.launch import free_port
 
 __all__ = ["Job", "run_nodes", "check_same_job", "free_port"]
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
+from workbench.base.arguments import ArgumentError, listed, shown
 from workbench.core import custom
-from workbench.core.arguments import ArgumentError, listed, shown
 from workbench.core.config import RunConfig, field_choices
 from workbench.core.optim import OPTIMIZERS
-from workbench.switches.checkpointing import CHOICES as CHECKPOINTING
+from workbench.core.switches.activation_checkpointing import CHOICES as CHECKPOINTING
 
 __all__ = ["MAX_EFFECTIVE_BATCH", "Choices", "choices", "divisors", "is_whole"]
 

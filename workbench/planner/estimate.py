@@ -40,16 +40,16 @@ from typing import Any
 
 import torch
 
+from workbench.base.arguments import ArgumentError, shown, whole_number
+from workbench.base.precisions import DTYPES
+from workbench.base.report import Report, counted_rows, format_bytes
 from workbench.core import custom
-from workbench.core.arguments import ArgumentError, shown, whole_number
 from workbench.core.config import RunConfig, run_config
 from workbench.core.data import DATASETS
 from workbench.core.models import MODEL_SPECS
-from workbench.core.precisions import DTYPES
-from workbench.core.report import Report, counted_rows, format_bytes
+from workbench.core.switches import activation_checkpointing, attention, gradient_accumulation, sharding, trainable
 from workbench.planner import fakecuda, fakestate, fakestep
 from workbench.planner.fakemodel import ModuleKey, cannot_trace, fake_mode, own_spec_key
-from workbench.switches import accumulation, attention, checkpointing, sharding, trainable
 
 __all__ = ["Estimate", "accelerate_estimate", "estimate", "input_spec", "model_key"]
 
@@ -259,7 +259,7 @@ def estimate(config: RunConfig, *, vocab_size: int | None = None, device: str | 
         >>> est.activation_bytes   # 64 samples x 5,232 B + one 4-byte loss scalar
         334852
     """
-    from workbench.core.hardware import gpu_info, resolve_device
+    from workbench.machine.hardware import gpu_info, resolve_device
 
     cfg = run_config(config)
     device = device or resolve_device(cfg.device)
@@ -274,8 +274,8 @@ def estimate(config: RunConfig, *, vocab_size: int | None = None, device: str | 
     # What each switch adds to the replay (workbench/switches): what trains, the share of a
     # sharded state, the groups of blocks checkpointing replays, the micro-batches accumulation does.
     shard = sharding.replay_shard(cfg, processes)
-    group, replayed, scaled = checkpointing.replay_groups(cfg)
-    micro_batches = accumulation.replayed_micro_batches(cfg)
+    group, replayed, scaled = activation_checkpointing.replay_groups(cfg)
+    micro_batches = gradient_accumulation.replayed_micro_batches(cfg)
     try:
         state = model_state(cfg, model, spec_key, device, shard)
         if cfg.model == "gpt":  # the replayed layers, and how they compute attention

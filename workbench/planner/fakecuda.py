@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from workbench.measure.live import CUDA_BLOCK_BYTES
+from workbench.planner.live import CUDA_BLOCK_BYTES
 
 __all__ = ["CUDA_FP32_OPS", "CudaAutocastPolicy", "cublas_workspace_bytes", "device_bytes", "run_backward"]
 

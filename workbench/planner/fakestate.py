@@ -23,10 +23,10 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from workbench.core.switches.trainable import ALL_TRAIN, FIELDS
 from workbench.planner.fakecuda import device_bytes
 from workbench.planner.fakemodel import ModuleKey, fake_copy, fake_mode
-from workbench.measure.live import CUDA_BLOCK_BYTES, LiveTensors
-from workbench.switches.trainable import ALL_TRAIN, FIELDS
+from workbench.planner.live import CUDA_BLOCK_BYTES, LiveTensors
 
 __all__ = ["ModelState", "build", "model_state"]
 
@@ -84,13 +84,13 @@ def model_state(model_name: str, spec_key: tuple, dims: tuple, optimizer: str, w
     `trainable`: the values of switches.trainable.FIELDS (freezing, LoRA) applied; `shard` = (processes,
     rank): the bytes that rank holds when the model state is sharded (sharding='full')."""
     from workbench.core.config import RunConfig
+    from workbench.core.measure.counters import gradient_bytes, optimizer_state_bytes, parameter_bytes, shard_rows
     from workbench.core.optim import make_optimizer
-    from workbench.measure.counters import gradient_bytes, optimizer_state_bytes, parameter_bytes, shard_rows
 
     if optimizer == "adamw8bit":
         # Its 256-entry lookup tables are built from Python lists, which fake tensors cannot
         # be: build them (torchao caches them) before entering the fake mode.
-        from workbench.core.torchao_support import import_torchao
+        from workbench.machine.torchao_support import import_torchao
 
         tables = import_torchao("torchao.optim.subclass_8bit")
         tables.get_qmap_signed(), tables.get_qmap_unsigned()
@@ -149,7 +149,7 @@ def _optimizer_steps(opt: torch.optim.Optimizer, params: list[nn.Parameter], res
     (resident bytes of `resident` and the state, peak of the second step's temporaries, its ops)."""
     from torch._subclasses.fake_tensor import DataDependentOutputException
 
-    from workbench.measure.flops import FlopCounter
+    from workbench.core.measure.flops import FlopCounter
 
     live = LiveTensors(round_to=CUDA_BLOCK_BYTES if device == "cuda" else 1)
     ops = FlopCounter(record_ops=True)
@@ -172,7 +172,7 @@ def _optimizer_steps(opt: torch.optim.Optimizer, params: list[nn.Parameter], res
 def _resident_bytes(tensors: list[torch.Tensor], opt: torch.optim.Optimizer, device: str, *, host_steps: bool) -> int:
     """Device bytes of `tensors` and of the optimizer's state, each storage once (`host_steps`:
     without the `step` counters, which torch keeps on the host)."""
-    from workbench.measure.counters import _held
+    from workbench.core.measure.counters import _held
 
     state = [leaf for s in opt.state.values() for k, v in s.items()
              if isinstance(v, torch.Tensor) and not (host_steps and k == "step") for leaf in _held(v)]

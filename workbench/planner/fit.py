@@ -37,14 +37,14 @@ try:
 except ImportError:  # Windows: no rlimits to hold a run against
     resource = None  # type: ignore[assignment]
 
+from workbench.base.report import format_bytes
 from workbench.core.config import ConfigError, RunConfig
 from workbench.core.data import DATASETS
+from workbench.core.measure.counters import gpt_activation_bytes_formula
+from workbench.core.measure.meters import status_bytes
 from workbench.core.models import MODEL_SPECS
-from workbench.core.report import format_bytes
-from workbench.measure.counters import gpt_activation_bytes_formula
-from workbench.measure.meters import status_bytes
 
-__all__ = ["DoesNotFit", "Need", "cgroup_room", "check_fits", "floor_bytes", "free_bytes", "need_bytes"]
+__all__ = ["DoesNotFit", "Need", "cgroup_memory_left", "check_fits", "floor_bytes", "free_bytes", "need_bytes"]
 
 _BYTE_VOCAB = 256  # the byte-level language-modelling data
 _FAR_BELOW = 10  # a floor under 1/10 of the free memory needs no closer look
@@ -86,7 +86,7 @@ _CGROUP_FILES = {"v2": ("", "memory.max", "memory.current"),
                  "v1": ("memory", "memory.limit_in_bytes", "memory.usage_in_bytes")}
 
 
-def cgroup_room(proc: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> list[int]:
+def cgroup_memory_left(proc: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> list[int]:
     """Bytes left under each memory limit of this process's cgroup and its ancestors (v2 or v1):
     a JupyterHub that puts each learner in a cgroup of their own (room/) holds their runs to it."""
     try:
@@ -114,7 +114,7 @@ def free_bytes() -> int | None:
     """Memory this process can still allocate (the least of the OS, cgroup and rlimit figures)."""
     import psutil
 
-    figures = [psutil.virtual_memory().available, *cgroup_room()]
+    figures = [psutil.virtual_memory().available, *cgroup_memory_left()]
     for which, field in ((resource.RLIMIT_AS, "VmSize"), (resource.RLIMIT_DATA, "VmData")) if resource else ():
         soft, _ = resource.getrlimit(which)
         if soft != resource.RLIM_INFINITY and (size := status_bytes(field)) is not None:
@@ -270,7 +270,7 @@ def _fix(cfg: RunConfig, need: Need) -> str:
 def check_fits(config: RunConfig, *, processes: int = 1) -> None:
     """Raise DoesNotFit (a ConfigError) when `processes` copies of this run cannot fit the
     memory free now, with the estimate by part and the fix."""
-    from workbench.core import hardware
+    from workbench.machine import hardware
 
     cfg = config.resolved()
     free = free_bytes()

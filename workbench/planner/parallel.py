@@ -31,12 +31,12 @@ from typing import Any
 
 from torch import nn
 
-from workbench.core.arguments import ArgumentError, instance, names, number, whole_number
+from workbench.base.arguments import ArgumentError, instance, names, number, whole_number
+from workbench.base.report import Report, format_bytes
 from workbench.core.config import RunConfig, run_config
 from workbench.core.custom import shown_model
-from workbench.core.report import Report, format_bytes
-from workbench.measure.communication import wire_bytes
-from workbench.measure.counters import shard_rows
+from workbench.core.measure.counters import shard_rows
+from workbench.planner.communication import wire_bytes
 from workbench.planner.fakemodel import cannot_trace
 from workbench.planner.heartbeat import Heartbeat
 from workbench.planner.parallel_replay import (  # noqa: F401 - the replay's parts, as tests and the measured runs call them
@@ -183,7 +183,7 @@ def _shares(config: RunConfig, strategy: str, processes: int, tp: int) -> list[t
     replay serves both): the rows FSDP2 gives each parameter (under TP, of its whole or its
     1/tp first dimension, whichever it has); TP alone splits evenly (every rank alike)."""
     if strategy == "pp":  # the first and last stages differ; middle ones by their blocks
-        from workbench.switches.parallelize import stage_layers
+        from workbench.planner.parallelize import stage_layers
 
         layers = stage_layers(config.resolved().dims["n_layer"], processes)
         return [(r == 0, r == processes - 1, len(layers[r])) for r in range(processes)]

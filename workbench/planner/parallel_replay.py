@@ -34,9 +34,9 @@ import torch
 from torch import nn
 
 from workbench.core.config import RunConfig
-from workbench.measure.communication import CollectiveCounter
-from workbench.measure.counters import gradient_bytes, optimizer_state_bytes, parameter_bytes
-from workbench.measure.live import LiveTensors
+from workbench.core.measure.counters import gradient_bytes, optimizer_state_bytes, parameter_bytes
+from workbench.planner.communication import CollectiveCounter
+from workbench.planner.live import LiveTensors
 
 __all__ = ["RankFigures", "make_mesh", "parallel_step", "plain_backward", "replay", "steady_step", "wrap"]
 
@@ -98,7 +98,7 @@ def pipeline(model: nn.Module, mesh: Any, cfg: RunConfig) -> tuple[nn.Module, Ca
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
     from workbench.core.models import loss_fn
-    from workbench.switches.parallelize import pipeline_stages, sync_tied_grads
+    from workbench.planner.parallelize import pipeline_stages, sync_tied_grads
 
     stages, rank = mesh.size(), dist.get_rank()
     stage = pipeline_stages(model, stages, rank)
@@ -137,8 +137,8 @@ def wrap(model: nn.Module, strategy: str, mesh: Any, cfg: RunConfig) -> tuple[nn
     """The model as `strategy` runs it on this rank (what the optimizer holds), and its step's
     forward and backward. FSDP x TP: blocks split by tensor along a row of the mesh, then
     sharded down its columns."""
-    from workbench.switches.parallelize import tensor_parallel
-    from workbench.switches.sharding import shard_model
+    from workbench.core.switches.sharding import shard_model
+    from workbench.planner.parallelize import tensor_parallel
 
     if strategy == "dp":
         return model, plain_backward(model, ddp_buckets(model))
@@ -202,7 +202,7 @@ def fake_world(strategy: str, processes: int, rank: int, tp: int) -> Iterator[An
         with _meshes_on_real_tensors(), _one_chunk_at_a_time():
             yield make_mesh(strategy, processes, tp)  # made outside fake mode: it reads its ranks' values
     finally:
-        from workbench.switches import parallelize
+        from workbench.planner import parallelize
 
         parallelize._TIED_GROUPS.clear()  # its cached head-and-embedding group died with this world
         dist.destroy_process_group()

@@ -34,10 +34,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.core.arguments import ArgumentError, flag, instance, listed, shown, whole_number
+from workbench.base.arguments import ArgumentError, flag, instance, listed, shown, whole_number
+from workbench.base.precisions import PRECISIONS
+from workbench.base.report import Report, format_bytes
 from workbench.core.config import ConfigError, RunConfig, run_config
-from workbench.core.precisions import PRECISIONS
-from workbench.core.report import Report, format_bytes
 from workbench.planner.choices import choices, is_whole
 from workbench.planner.estimate import Estimate, estimate
 
@@ -77,7 +77,7 @@ class Target:
 
     @property
     def speed_model(self) -> Any:
-        from workbench.planner.speed import Roofline
+        from workbench.planner.roofline import Roofline
 
         return self.speed or Roofline(self.peak_flops, None)
 
@@ -92,7 +92,7 @@ class Target:
         max_memory_allocated sat 0.6-2.8% above it for every run whose peak was a training step
         (docs/gpu-reference, "Re-read offline"), plus allocator fragmentation.
         """
-        from workbench.core.hardware import GPU_SPECS, gpu_spec_key, tf32_enabled
+        from workbench.machine.hardware import GPU_SPECS, gpu_spec_key, tf32_enabled
 
         key = gpu_spec_key(name) if isinstance(name, str) else None
         if key is None:
@@ -118,12 +118,8 @@ class Target:
         A precision this machine emulates stays in (it is slow here, and the timing shows it);
         one it cannot run is left out.
         """
-        from workbench.core.hardware import (
-            peak_flops,
-            precision_support,
-            resolve_device,
-        )
-        from workbench.planner.speed import MeasuredHere
+        from workbench.machine.hardware import peak_flops, precision_support, resolve_device
+        from workbench.planner.roofline import MeasuredHere
 
         if not is_whole(memory_budget_bytes) or memory_budget_bytes < 1:
             raise ValueError(f"memory_budget_bytes={memory_budget_bytes!r} must be a whole number of bytes >= 1; "
@@ -153,8 +149,8 @@ class Target:
 def _roofline(key: str, *, tf32: bool) -> Any:
     """A roofline from GPU_SPECS[key]: its dense peaks (fp32 matmuls on TF32 if `tf32` and the
     card has it) and its memory bandwidth."""
-    from workbench.core.hardware import GPU_SPECS
-    from workbench.planner.speed import Roofline
+    from workbench.machine.hardware import GPU_SPECS
+    from workbench.planner.roofline import Roofline
 
     spec = GPU_SPECS[key]
     peaks = {p: t * 1e12 for p, t in spec.tflops.items() if p != "tf32"}
@@ -165,7 +161,7 @@ def _roofline(key: str, *, tf32: bool) -> Any:
 
 def _gpu_roofline() -> Any:
     """This GPU's roofline from its data sheet, or None (FLOPs at peak) for a card not in it."""
-    from workbench.core.hardware import gpu_info, gpu_spec_key, tf32_enabled
+    from workbench.machine.hardware import gpu_info, gpu_spec_key, tf32_enabled
 
     info = gpu_info()
     key = info and gpu_spec_key(info.name)

@@ -26,10 +26,10 @@ Example:
 from __future__ import annotations
 
 from workbench.core.config import RunConfig
-from workbench.measure.snapshot import Lifetime, MemorySnapshot, build_snapshot, frame
+from workbench.core.measure.snapshot import Lifetime, MemorySnapshot, build_snapshot, frame
+from workbench.core.switches import attention, gradient_accumulation
 from workbench.planner import fakecuda, fakestep
 from workbench.planner.estimate import _freeze, _spec_key, estimate, input_spec, model_key, model_state
-from workbench.switches import accumulation, attention
 
 __all__ = ["predicted_snapshot"]
 
@@ -70,7 +70,7 @@ def predicted_snapshot(config: RunConfig, *, device: str | None = None, vocab_si
     spec_key = _spec_key(input_spec(cfg, vocab_size=vocab_size), model)
     state = model_state(cfg, model, spec_key, device)
     dims = _freeze({**cfg.dims, **attention.replay_dims(cfg)}) if cfg.model == "gpt" else _freeze(cfg.dims)
-    micro_batches = accumulation.replayed_micro_batches(cfg)
+    micro_batches = gradient_accumulation.replayed_micro_batches(cfg)
     storages, marks = fakestep.step_storages(model, spec_key, dims, cfg.precision, cfg.activation_checkpointing,
                                              batch=cfg.batch_size, micro_batches=micro_batches, device=device)
     before = [("model state", "parameters and buffers", state.held_device_bytes),

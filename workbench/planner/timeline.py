@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from workbench.core.config import RunConfig
-from workbench.core.hardware import resolve_device
+from workbench.machine.hardware import resolve_device
 from workbench.planner import fakestep
 from workbench.planner.estimate import (
     _freeze,

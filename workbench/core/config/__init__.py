@@ -21,17 +21,18 @@ from typing import Any, Literal
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from workbench.core import cpu_class, custom, hardware
-from workbench.core.arguments import instance
+from workbench.base.arguments import instance
+from workbench.base.errors import ConfigError
+from workbench.base.precisions import PRECISIONS, scaler_kwargs
+from workbench.core import custom
 from workbench.core.config.checks import check_types, check_values, one_of
 from workbench.core.data import DATASETS
-from workbench.core.errors import ConfigError
 from workbench.core.models import MODELS
 from workbench.core.optim import IMPLEMENTATIONS, OPTIMIZERS
-from workbench.core.precisions import PRECISIONS, scaler_kwargs
 from workbench.core.presets import PRESETS, get_preset
+from workbench.core.switches import activation_checkpointing, attention, compiling, memory_format, qat, sharding
 from workbench.core.trainable import FREEZE_CHOICES, LORA_TARGETS
-from workbench.switches import attention, checkpointing, compiling, memory_format, qat, sharding
+from workbench.machine import cpu_class, hardware
 
 __all__ = ["ConfigError", "RunConfig", "field_choices"]
 
@@ -43,7 +44,7 @@ ModelName = Literal[MODELS]
 OptimizerName = Literal[tuple(OPTIMIZERS)]
 PrecisionName = Literal[PRECISIONS]
 PresetName = Literal[tuple(PRESETS)]
-Checkpointing = Literal[tuple(checkpointing.CHOICES)]
+Checkpointing = Literal[tuple(activation_checkpointing.CHOICES)]
 QATScheme = Literal[tuple(qat.SCHEMES)]
 Device = Literal["auto", "cpu", "cuda"]
 FreezeChoice = Literal[tuple(FREEZE_CHOICES)]

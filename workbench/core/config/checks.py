@@ -11,7 +11,7 @@ Example:
     >>> one_of("precision", "fp8", ("fp32", "fp16", "bf16"))
     Traceback (most recent call last):
     ...
-    workbench.core.errors.ConfigError: precision='fp8' is not known; use one of: 'fp32', 'fp16', 'bf16'
+    workbench.base.errors.ConfigError: precision='fp8' is not known; use one of: 'fp32', 'fp16', 'bf16'
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from typing import Any
 
 from torch import nn
 
+from workbench.base.arguments import checked_device
+from workbench.base.errors import ConfigError
 from workbench.core import custom, limits
-from workbench.core.arguments import checked_device
 from workbench.core.data import DATASETS, train_size
-from workbench.core.errors import ConfigError
 from workbench.core.models import MODEL_SPECS
-from workbench.switches import CHECKED
+from workbench.core.switches import CHECKED
 
 Choices = Callable[[str], tuple[str, ...]]
 """A field's name -> the names it accepts (config.field_choices)."""
@@ -127,8 +127,9 @@ def check_values(cfg: Any, r: dict[str, Any], choices: Choices) -> None:
 
 
 def _check_own(r: dict[str, Any]) -> None:
-    """Your own model and data (core/custom.py): the data's form, and the switches that reach
-    into a built-in model's architecture, refused for a module with the way to do it yourself."""
+    """Your own model and data (core/custom.py): the data's form, and the fields that size or save a
+    built-in model, refused for a module with the way to do it yourself. A switch that reaches into
+    a built-in model refuses your module in its own `check` (custom.refuse_for_own_model)."""
     model, data = r["model"], r["data"]
     if custom.is_own_data(data):
         if not isinstance(model, nn.Module):
@@ -144,20 +145,9 @@ def _check_own(r: dict[str, Any]) -> None:
     if not isinstance(model, nn.Module):
         return
     name = f"model={custom.shown_model(model)}"
-    refused = [  # (the switch is on, what it does, what to do instead)
+    refused = [  # (the field is set, what it does, what to do instead)
         (bool(r["dims"]), f"dims {sorted(r['dims'])} size the built-in models", "your module's size is fixed when you "
          "build it: drop dims"),
-        (r["activation_checkpointing"] != "none", f"activation_checkpointing={r['activation_checkpointing']!r} "
-         "recomputes the built-in models' blocks", "put torch.utils.checkpoint inside your module's forward, and "
-         "pass activation_checkpointing='none'"),
-        (r["freeze"] != "none" or r["freeze_layers"] != 0, "freeze and freeze_layers pick parts of the built-in "
-         "models", "call requires_grad_(False) on what you freeze (the optimizer gets only what trains), and pass "
-         "freeze='none', freeze_layers=0"),
-        (r["lora_rank"] != 0, f"lora_rank={r['lora_rank']} adapts the built-in transformers' layers", "wrap your "
-         "module with peft.get_peft_model yourself, and pass lora_rank=0"),
-        (r["sharding"] != "none", f"sharding={r['sharding']!r} is wired for the built-in models", "pass sharding='none'"),
-        (r["attention"] != "explicit", f"attention={r['attention']!r} switches the built-in GPT's attention", "call "
-         "F.scaled_dot_product_attention in your forward, and pass attention='explicit'"),
         (r["save_state_dir"] is not None or r["resume_from"] is not None, "save_state_dir and resume_from save and "
          "restore a built-in model's training state", "save the model yourself (keep_model=True, then "
          "torch.save(result.model.state_dict(), path)), or use a built-in model name"),
@@ -168,8 +158,6 @@ def _check_own(r: dict[str, Any]) -> None:
     if not any(p.requires_grad for p in model.parameters()):
         raise ConfigError(f"{name} has no parameters that train (none, or all requires_grad=False); pass a module "
                           "with trainable parameters")
-    if r["qat"] != "none" and not any(isinstance(m, nn.Linear) for m in model.modules()):
-        raise ConfigError(f"qat={r['qat']!r} fake-quantizes nn.Linear layers and {name} has none; pass qat='none'")
 
 
 def _check_seq_len(r: dict[str, Any]) -> None:
@@ -198,7 +186,7 @@ def _check_save_and_resume(r: dict[str, Any]) -> None:
         if every < 1:
             raise ConfigError(f"save_every={every} must be at least 1; pass a positive whole number")
         if r["save_state_dir"] is None:
-            raise ConfigError(f"save_every={every} needs a folder to save in; pass save_state_dir='checkpoints'")
+            raise ConfigError(f"save_every={every} needs a folder to save in; pass save_state_dir='saves'")
         if every % r["log_every"]:
             # Saves happen at log steps, where the loss window closes, so a resumed
             # run's logged losses line up with an unbroken run's.

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset as TorchDataset
 
-from workbench.core.arguments import ArgumentError, shown
+from workbench.base.arguments import ArgumentError, shown
 from workbench.core.data import sources
 
 Task = Literal["image_classification", "text_classification", "language_modeling"]

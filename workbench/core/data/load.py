@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import DataLoader
 from torch.utils.data import Dataset as TorchDataset
 
-from workbench.core.arguments import SEED_LIMIT, ArgumentError, shown, whole_number
+from workbench.base.arguments import SEED_LIMIT, ArgumentError, shown, whole_number
 from workbench.core.data.catalog import DATASETS, DataBundle, _lm_sizes, check_name
 from workbench.core.data.files import load_image_files
 from workbench.core.data.tables import load_table
