@@ -86,7 +86,7 @@ def test_config_rejects_wrong_types_naming_the_fix():
 
 def test_config_types_and_their_words_come_from_the_annotations_and_registries():
     from workbench.core.config import field_types
-    from workbench.core.optim import OPTIMIZERS
+    from workbench.core.switches.optimizer import OPTIMIZERS
 
     accepted, words = field_types("optimizer")
     assert accepted == (str,) and words == ", ".join(map(repr, list(OPTIMIZERS)[:-1])) + f" or {list(OPTIMIZERS)[-1]!r}"
@@ -159,8 +159,8 @@ def test_the_named_choices_are_read_off_the_annotations_and_the_registries():
     from workbench.base.precisions import PRECISIONS
     from workbench.core.config import field_choices
     from workbench.core.models import MODEL_SPECS
-    from workbench.core.optim import OPTIMIZERS
     from workbench.core.presets import PRESETS
+    from workbench.core.switches.optimizer import OPTIMIZERS
 
     assert field_choices("model") == tuple(MODEL_SPECS)
     assert field_choices("optimizer") == tuple(OPTIMIZERS)

@@ -17,8 +17,8 @@ from workbench.core.data import load_data
 from workbench.core.engine.train import run as train_run
 from workbench.core.measure.counters import optimizer_state_bytes, shard_rows, sharded_bytes
 from workbench.core.models import build_model
-from workbench.core.optim import make_optimizer
-from workbench.core.trainable import add_lora, freeze_parts, lora_parameter_count, model_parts
+from workbench.core.switches.optimizer import make_optimizer
+from workbench.core.switches.trainable import add_lora, freeze_parts, lora_parameter_count, model_parts
 from workbench.launching.launch import launch_function
 from workbench.planner.communication import CollectiveCounter, wire_bytes
 from workbench.planner.estimate import estimate

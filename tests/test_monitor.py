@@ -6,7 +6,7 @@ import torch
 import workbench as wb
 from workbench.core.data import build_dataloader, load_data
 from workbench.core.models import build_model, loss_fn
-from workbench.core.optim import make_optimizer
+from workbench.core.switches.optimizer import make_optimizer
 from workbench.core.views.sinks import RecordingSink
 
 

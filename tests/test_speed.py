@@ -19,8 +19,8 @@ from workbench.core.measure.counters import SavedActivationCounter, gpt_activati
 from workbench.core.measure.flops import FlopCounter
 from workbench.core.measure.result import RunResult
 from workbench.core.models import GPT, MLP, loss_fn, set_attention
-from workbench.core.optim import IMPLEMENTATIONS, implementation_problem, make_optimizer
 from workbench.core.switches.compiling import compile_model
+from workbench.core.switches.optimizer import IMPLEMENTATIONS, implementation_problem, make_optimizer
 from workbench.core.switches.tf32 import matmuls as tf32_matmuls
 from workbench.lessons.speed import compile_payback, graph_breaks, optimizer_bench, phase_ms, saved_bytes
 from workbench.machine import hardware

@@ -17,8 +17,8 @@ from typing import Any, NamedTuple
 from workbench.base.arguments import ArgumentError, listed, shown
 from workbench.core import custom
 from workbench.core.config import RunConfig, field_choices
-from workbench.core.optim import OPTIMIZERS
 from workbench.core.switches.activation_checkpointing import CHOICES as CHECKPOINTING
+from workbench.core.switches.optimizer import OPTIMIZERS
 
 __all__ = ["MAX_EFFECTIVE_BATCH", "Choices", "choices", "divisors", "is_whole"]
 

@@ -85,7 +85,7 @@ def model_state(model_name: str, spec_key: tuple, dims: tuple, optimizer: str, w
     rank): the bytes that rank holds when the model state is sharded (sharding='full')."""
     from workbench.core.config import RunConfig
     from workbench.core.measure.counters import gradient_bytes, optimizer_state_bytes, parameter_bytes, shard_rows
-    from workbench.core.optim import make_optimizer
+    from workbench.core.switches.optimizer import make_optimizer
 
     if optimizer == "adamw8bit":
         # Its 256-entry lookup tables are built from Python lists, which fake tensors cannot
@@ -131,7 +131,7 @@ def _parameters_to_hold(model: nn.Module, choice: SimpleNamespace) -> list[nn.Pa
     """The model's parameters with freezing applied, or, with LoRA, every weight frozen plus the
     adapters: peft cannot wrap fake tensors (its .to() swaps them), so LoRA's A and B matrices
     are made here, of exactly the shapes peft adds (trainable.lora_shapes)."""
-    from workbench.core.trainable import freeze_parts, lora_shapes
+    from workbench.core.switches.trainable import freeze_parts, lora_shapes
 
     every = list(model.parameters())
     if choice.lora_rank:

@@ -170,7 +170,7 @@ def steady_step(build: Callable[[], nn.Module], cfg: RunConfig, strategy: str, m
                 wrapper: Wrapper = wrap) -> RankFigures:
     """Build, wrap and train two steps under the counters; the second step's figures. The
     measured runs (real tensors, a gloo group) call this too, with DDP itself as `wrapper`."""
-    from workbench.core.optim import make_optimizer
+    from workbench.core.switches.optimizer import make_optimizer
 
     with LiveTensors() as live:
         model, backward = wrapper(build(), strategy, mesh, cfg)

@@ -92,8 +92,8 @@ class MeasuredHere:
     def _time(self, cfg: Any, vocab_size: int | None, *, optimizer_step: bool) -> float:
         from workbench.base.precisions import AUTOCAST_DTYPES
         from workbench.core.models import build_model, loss_fn
-        from workbench.core.optim import make_optimizer
         from workbench.core.switches.activation_checkpointing import set_activation_checkpointing
+        from workbench.core.switches.optimizer import make_optimizer
         from workbench.planner.estimate import input_spec
 
         spec = input_spec(cfg, vocab_size=vocab_size)

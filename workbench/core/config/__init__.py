@@ -28,10 +28,10 @@ from workbench.core import custom
 from workbench.core.config.checks import check_types, check_values, one_of
 from workbench.core.data import DATASETS
 from workbench.core.models import MODELS
-from workbench.core.optim import IMPLEMENTATIONS, OPTIMIZERS
 from workbench.core.presets import PRESETS, get_preset
 from workbench.core.switches import activation_checkpointing, attention, compiling, memory_format, qat, sharding
-from workbench.core.trainable import FREEZE_CHOICES, LORA_TARGETS
+from workbench.core.switches.optimizer import IMPLEMENTATIONS, OPTIMIZERS
+from workbench.core.switches.trainable import FREEZE_CHOICES, LORA_TARGETS
 from workbench.machine import cpu_class, hardware
 
 __all__ = ["ConfigError", "RunConfig", "field_choices"]

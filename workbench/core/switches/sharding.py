@@ -87,7 +87,7 @@ def shard_model(model: nn.Module, mesh: Any = None) -> nn.Module:
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
-    from workbench.core.trainable import model_parts
+    from workbench.core.switches.trainable import model_parts
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         raise ValueError("sharding='full' splits the model state across processes, and this run has one; "
