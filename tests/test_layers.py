@@ -99,6 +99,16 @@ def test_imports_point_down_only(path: pathlib.Path) -> None:
     assert not upward, "\n".join(upward)
 
 
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_every_workbench_module_imported_exists(path: pathlib.Path) -> None:
+    # A module moved without its importers rewritten fails here, not only where a test happens to
+    # reach the import (a relative `from .core.course_files import` in __main__ outlived its move).
+    missing = [f"line {line}: {target}" for line, target in imports(path)
+               if not (PACKAGE.parent / (target.replace(".", "/") + ".py")).exists()
+               and not (PACKAGE.parent / target.replace(".", "/")).is_dir()]
+    assert not missing, "no such module: " + "; ".join(missing)
+
+
 def test_no_import_cycles_even_through_function_level_imports() -> None:
     # Tarjan's strongly connected components over module -> imported module.
     index, low, stack, on_stack, cycles = {}, {}, [], set(), []

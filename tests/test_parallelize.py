@@ -1,4 +1,4 @@
-"""switches.parallelize: the GPT split by tensor (Megatron, sequence parallel) and by pipeline
+"""planner.parallelize: the GPT split by tensor (Megatron, sequence parallel) and by pipeline
 stage, on 2 CPU processes over gloo: the same losses as one process, each process's exact share
 of the parameters."""
 

@@ -4,7 +4,7 @@ notebooks out of the installed package (workbench/base/course_files.py)."""
 import sys
 
 if sys.argv[1:2] == ["notebooks"]:
-    from .core.course_files import main as copy_notebooks
+    from workbench.base.course_files import main as copy_notebooks
 
     sys.exit(copy_notebooks(sys.argv[2:]))
 

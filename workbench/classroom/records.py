@@ -26,7 +26,7 @@ from workbench.base.arguments import finite
 VERSION = 1
 """The format's version (the "workbench" field): a reader refuses versions it does not know."""
 KINDS = ("run", "predictions")
-LEDGER_KINDS = ("ratio", "bytes", "count", "seconds", "choice")  # lessons.ledger.UNITS' keys
+LEDGER_KINDS = ("ratio", "bytes", "count", "seconds", "choice")  # classroom.ledger.UNITS' keys
 MAX_NAME = 64
 MAX_TEXT = 200
 MAX_ROWS = 500

@@ -2,7 +2,7 @@
 grouped by hardware class, with the machines that disagree with the room named and why; and the room's
 predictions.
 
-Records are what `measure.room.share` sends (docs/ROOM_RECORDS.md). A record the views cannot show (a
+Records are what `classroom.sharing.share` sends (docs/ROOM_RECORDS.md). A record the views cannot show (a
 store written by hand or by an older version: room_records.check) is skipped, and `skipped_table` says
 which and why: one learner's record never breaks the room's view. Learners' text (names, run labels,
 config values) is shown as text: tables escape it, the figure draws it with mathtext off.

@@ -115,7 +115,7 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
-        # Widths read off c_attn's output, not x: under tensor parallelism (switches.parallelize)
+        # Widths read off c_attn's output, not x: under tensor parallelism (planner.parallelize)
         # a process holds n_head / N of the heads and its c_attn gives [q, k, v] of those only.
         qkv = self.c_attn(x)
         C = qkv.size(-1) // 3
@@ -179,7 +179,7 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(d_model)
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight
-        self.checkpointed: frozenset[int] = frozenset()  # blocks recomputed in backward (switches.checkpointing)
+        self.checkpointed: frozenset[int] = frozenset()  # blocks recomputed in backward (switches.activation_checkpointing)
         self.checkpoint_options: dict[str, Any] = {}  # torch.utils.checkpoint's further keywords, from the same
         # GPT-2 init; residual projections scaled by 1/sqrt(2·n_layer) (nanoGPT).
         for name, p in self.named_parameters():

@@ -1,6 +1,6 @@
 """Notebook 03, activation checkpointing: the measurements and checks its cells call.
 
-The switch itself is `switches.checkpointing.set_activation_checkpointing(model, blocks)` (RunConfig's field).
+The switch itself is `switches.activation_checkpointing.set_activation_checkpointing(model, blocks)` (RunConfig's field).
 - `checkpointing_dial(model, inputs, labels, settings)`: settings measured in one call on one
   model and batch: exact saved bytes and FLOPs, the step's peak, time per step (medians of
   interleaved rounds, so a noisy machine hits every setting alike), gradient differences;
@@ -149,7 +149,7 @@ class Dial(Results):
     @property
     def timing_is_clean(self) -> bool:
         """Whether the times may be asserted on: measured on a GPU, or on a CPU core this
-        process had to itself (see measure.contention)."""
+        process had to itself (see lessons.contention)."""
         return self.device != "cpu" or self.core is None or self.core.free
 
     @property

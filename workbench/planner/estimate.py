@@ -10,7 +10,7 @@ the same exact counters `run()` uses:
 - FLOPs: `FlopCounter` on the forward and backward (recompute included);
 - the peak: the most bytes live at any moment of a steady-state step (the optimizer state
   made; the previous micro-batch's logits still held by the loop), followed tensor by tensor
-  with `measure.live.LiveTensors`. Not a sum of upper bounds: at accumulation 1 the
+  with `planner.live.LiveTensors`. Not a sum of upper bounds: at accumulation 1 the
   gradients appear as the activations go; with accumulation a later micro-batch adds into
   gradients that are already there; the optimizer step has its own temporaries.
 

@@ -2,7 +2,7 @@
 
 `model_state(...)` builds the model on fake tensors (`build`), gives every trainable parameter
 its gradient, makes the optimizer's state with a first `step()`, and replays a second step
-under `measure.live.LiveTensors`: parameters, buffers, gradients and optimizer state to the
+under `planner.live.LiveTensors`: parameters, buffers, gradients and optimizer state to the
 byte, and the peak of that step's temporaries (AdamW's foreach form on a GPU holds a square
 root of every second moment at once, its per-parameter form on a CPU one parameter's worth).
 Freezing, LoRA and sharding change which parameters train and which rows a process holds.

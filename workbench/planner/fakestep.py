@@ -2,7 +2,7 @@
 
 `estimate()` needs the peak of a real step, not a sum of upper bounds. So this module
 replays the loop of `engine.train` on `FakeTensorMode` tensors (shapes and dtypes, no
-storage: a 3B model costs nothing) and follows every tensor with `measure.live.LiveTensors`:
+storage: a 3B model costs nothing) and follows every tensor with `planner.live.LiveTensors`:
 
 - steady state: the optimizer state exists (a first step made it); the loop still holds the
   previous micro-batch's fp32 logits (its `logits` variable) and its batch; on a CPU the

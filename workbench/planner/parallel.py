@@ -11,12 +11,12 @@ Rank r's figures depend on r only through its share (the rows FSDP2 gives it; it
 stage), so one replay per distinct share is made: 64 ranks cost a few replays. A plan that
 takes more than a few seconds says so while it runs (`planner.heartbeat`: which replay, how
 many are done and left, the time so far and left). The communication time is a
-bandwidth-only estimate: the bytes a ring sends per rank (`measure.communication.wire_bytes`)
+bandwidth-only estimate: the bytes a ring sends per rank (`planner.communication.wire_bytes`)
 over the link's bandwidth; no latency, no overlap with compute. The peak is counted as CPU
 processes hold it (tensor bytes, exactly): a GPU's allocator rounding and cuBLAS workspaces,
 which `estimate(device='cuda')` adds, are not added here.
 
-Every argument is checked before the first replay (`core.arguments`): one line naming it and
+Every argument is checked before the first replay (`base.arguments`): one line naming it and
 the fix.
 
 Example:
@@ -55,8 +55,8 @@ __all__ = ["STRATEGIES", "Cluster", "ParallelPlan", "ParallelPlans", "parallel_s
 STRATEGIES = ("dp", "fsdp", "tp", "pp", "fsdp+tp")
 """'dp': every rank holds the whole model state and all-reduces the gradients; 'fsdp': each rank
 holds 1/N of it (FSDP2), gathering a block's parameters to run it; 'tp': each rank holds 1/N of
-every block's matrices and heads (switches.parallelize.tensor_parallel), all-reducing the
-stream; 'pp': rank r runs stage r of N (switches.parallelize.pipeline_stages) under GPipe, N
+every block's matrices and heads (planner.parallelize.tensor_parallel), all-reducing the
+stream; 'pp': rank r runs stage r of N (planner.parallelize.pipeline_stages) under GPipe, N
 micro-batches a step, sending the stream forward and its gradient back; 'fsdp+tp': a 2-D
 mesh, TP within each row of `tp` ranks, FSDP down the columns of N/tp ranks. The config's
 `batch_size` is what one rank computes on: its own batch (dp, fsdp), its TP group's shared
@@ -126,7 +126,7 @@ class ParallelPlan:
 
     @property
     def wire_bytes(self) -> float:
-        """Bytes the busiest rank sends per step, collectives over a ring (measure.communication.wire_bytes)."""
+        """Bytes the busiest rank sends per step, collectives over a ring (planner.communication.wire_bytes)."""
         return max(sum(wire_bytes(kind, n, self.ring(kind)) for kind, n in r.collective_bytes.items())
                    for r in self.ranks)
 

@@ -5,8 +5,8 @@ backend "fake") lets this process be rank r of a world of N, where every collect
 once without moving data, while the model lives on the estimator's fake tensors (shapes, no
 storage). The real wrappers then run as they would on rank r (FSDP2 shards and gathers,
 DTensor's TP all-reduces, a pipeline stage sends and receives); the counters the real runs
-use (`measure.live.LiveTensors`, `measure.communication.CollectiveCounter`) read them.
-TP and PP use `switches.parallelize` (the GPT split by tensor and by stage), the same code
+use (`planner.live.LiveTensors`, `planner.communication.CollectiveCounter`) read them.
+TP and PP use `planner.parallelize` (the GPT split by tensor and by stage), the same code
 a launched run calls.
 
 DDP itself cannot be built on fake tensors (its C++ reducer reads their data), so 'dp' is
@@ -92,7 +92,7 @@ def plain_backward(model: nn.Module, buckets: list[torch.Tensor] = ()) -> Callab
 
 
 def pipeline(model: nn.Module, mesh: Any, cfg: RunConfig) -> tuple[nn.Module, Callable[[dict], None]]:
-    """This rank's pipeline stage (switches.parallelize.pipeline_stages) under GPipe with as many
+    """This rank's pipeline stage (planner.parallelize.pipeline_stages) under GPipe with as many
     micro-batches as stages; its shapes given up front (no metadata exchanged)."""
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe

@@ -14,7 +14,7 @@ The measured, deterministic version of "ask an LLM which techniques to combine" 
 - checking a plan against real runs (the largest micro-batch, predicted and searched) lives in
   `lessons/planner.py`.
 
-Speed comes from the target's speed model (`planner.speed`), and every table says which:
+Speed comes from the target's speed model (`planner.roofline`), and every table says which:
 on a GPU on paper a roofline **lower bound** (each op of the replayed step at the slower of
 its FLOPs at the data-sheet peak and its bytes at the memory bandwidth: a small micro-batch
 re-reads the weights and is bound by memory; fp32 matmuls on TF32 only where torch allows
@@ -58,7 +58,7 @@ class Target:
     simulated: bool = False
     """A simulated budget: plans fit on run()'s exact counts (no temporaries, no buffers)."""
     speed: Any = None
-    """Predicts a plan's step seconds (`planner.speed`: Roofline, MeasuredHere); None:
+    """Predicts a plan's step seconds (`planner.roofline`: Roofline, MeasuredHere); None:
     FLOPs at `peak_flops`, a bound that ignores memory traffic."""
     device: str = "cpu"
     """The device whose step the estimates replay ('cpu' or 'cuda')."""

@@ -102,7 +102,7 @@ class RunConfig:
     """Micro-batches whose gradients add up before each optimizer step."""
     activation_checkpointing: Checkpointing | bool = "none"
     """Which blocks (gpt, minilm) recompute their activations in backward; what each choice keeps:
-    switches.checkpointing.CHOICES ('selective': the matmuls' outputs). True means 'all'."""
+    switches.activation_checkpointing.CHOICES ('selective': the matmuls' outputs). True means 'all'."""
     max_grad_norm: float | None = None
     """Clip the gradient norm to this before each optimizer step; None: no clipping."""
     qat: QATScheme = "none"

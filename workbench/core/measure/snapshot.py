@@ -13,7 +13,7 @@ Its two keys (torch/cuda/memory.py, `_snapshot`'s docstring):
 
 `build_snapshot(lifetimes, start=, stop=)` writes one from storages' lifetimes (when each was
 made and freed, on any clock), so a step replayed on fake tensors (`planner.snapshot`) or the
-tensors a CPU step made (tracked with `measure.live.LiveTensors`) open in the same viewer as a
+tensors a CPU step made (tracked with `planner.live.LiveTensors`) open in the same viewer as a
 CUDA allocator's record (`cuda_history`). `MemorySnapshot` holds one, with what it came from.
 
 What works without the internet: the snapshot files and torch's text tools on them
@@ -234,7 +234,7 @@ def cuda_history(max_entries: int = 1_000_000, stacks: str = "python") -> Iterat
 
     if not torch.cuda.is_available():
         raise RuntimeError("cuda_history() records the CUDA allocator and this machine has no CUDA device; "
-                           "on a CPU track the tensors instead (measure.live.LiveTensors(levels=True))")
+                           "on a CPU track the tensors instead (planner.live.LiveTensors(levels=True))")
     taken: dict[str, Any] = {}
     torch.cuda.memory._record_memory_history(max_entries=max_entries, stacks=stacks)
     try:
