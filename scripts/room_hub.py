@@ -397,7 +397,10 @@ def stop(args: argparse.Namespace) -> int:
             os.kill(pid, signal.SIGKILL)
         except psutil.NoSuchProcess:
             pass
-    names = json.loads((state / "room.json").read_text())["learners"] if (state / "room.json").exists() else []
+    # The teacher's account too: its server and kernels are the hub's like the learners' (a teacher's
+    # kernel left running made reset's userdel fail, once in CI: "user ... is currently used by process").
+    room = json.loads((state / "room.json").read_text()) if (state / "room.json").exists() else {}
+    names = [*room.get("learners", []), *([room["teacher"]] if room.get("teacher") else [])]
     left = _learner_processes(names)
     for process in left:  # kernels live in their own sessions: a server's end may leave them
         process.terminate()
@@ -406,7 +409,7 @@ def stop(args: argparse.Namespace) -> int:
         process.kill()
     psutil.wait_procs(alive, timeout=5)
     stuck = limits.remove()
-    print(f"room stopped ({'hub ended' if pid else 'no hub was running'}; {len(left)} learner process(es) ended)"
+    print(f"room stopped ({'hub ended' if pid else 'no hub was running'}; {len(left)} learner or teacher process(es) ended)"
           + (f"; cgroups left: {', '.join(stuck)}" if stuck else ""))
     return 0
 

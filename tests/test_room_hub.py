@@ -223,3 +223,18 @@ def test_the_proxy_passes_a_stream_on_as_it_comes(tmp_path):
         proxy.terminate()
         proxy.wait(timeout=30)
         upstream.shutdown()
+
+
+def test_stopping_the_room_ends_the_teachers_processes_too(tmp_path, monkeypatch, capsys):
+    # A teacher's kernel left running made `make room-reset` fail once in CI (userdel: "user ... is
+    # currently used by process"): stop() ends every room account's processes, the teacher's included.
+    import argparse
+
+    (tmp_path / "room.json").write_text(json.dumps({"learners": ["wbx1", "wbx2"], "teacher": "wbxt"}))
+    asked = []
+    monkeypatch.setattr(room_hub, "_hub_pid", lambda state: None)
+    monkeypatch.setattr(room_hub, "_learner_processes", lambda names: asked.extend(names) or [])
+    monkeypatch.setattr(room_hub.limits, "remove", lambda: [])
+    assert room_hub.stop(argparse.Namespace(state=tmp_path)) == 0
+    assert asked == ["wbx1", "wbx2", "wbxt"]
+    assert "room stopped (no hub was running; 0 learner or teacher process(es) ended)" in capsys.readouterr().out
