@@ -89,6 +89,32 @@ def test_a_child_that_raises_returns_a_failed_result_with_its_traceback(monkeypa
     assert "Traceback" in capsys.readouterr().err  # shown where the learner looks
 
 
+def test_a_rank_that_died_without_a_traceback_is_named_beside_the_one_that_failed_first():
+    # Rank 0's "Connection closed by peer" at the process group's forming (seen once in five
+    # clean-clone CI runs) is an echo if rank 1 had died already: both must be in the message.
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    writer.send(("error", {"rank": 0, "time": 1.0, "traceback": "Traceback ...\nRuntimeError: Connection closed by peer"}))
+    writer.close()
+
+    class Ended:  # rank 0 exited 1 after its traceback, rank 1 was killed before writing anything
+        exitcodes = [1, -9]
+        stopped = 0
+
+        def watch(self): ...
+
+        def adopt(self, started): ...
+
+        def stop(self):
+            self.stopped += 1
+
+    children = Ended()
+    values, failure, status = launch_module._gather(children, {reader: 0}, on_record=lambda kind, record: None,
+                                                    timeout_s=10)
+    assert (values, status, children.stopped) == ({}, "failed", 1)
+    assert failure.startswith("process 1 was killed by SIGKILL without a traceback, and process 0 failed first:")
+    assert failure.endswith("RuntimeError: Connection closed by peer")
+
+
 class _InterruptAtStep:
     """The learner presses stop (KeyboardInterrupt in the notebook's process) at step `at`."""
 

@@ -209,6 +209,7 @@ def _gather(children: processes.Children, readers: dict[Any, int], *, on_record:
     values: dict[int, Any] = {}
     errors: list[dict[str, Any]] = []
     failure, status = None, "ok"
+    ended_badly: dict[int, int] = {}
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
 
     def pump(wait_s: float) -> None:
@@ -232,9 +233,9 @@ def _gather(children: processes.Children, readers: dict[Any, int], *, on_record:
             pump(_POLL_S)
             children.watch()
             codes = children.exitcodes
-            ended_badly = [processes.describe_exit(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
+            ended_badly = {rank: code for rank, code in enumerate(codes) if code not in (None, 0)}
             if ended_badly:
-                failure, status = "; ".join(ended_badly), "failed"
+                failure, status = "; ".join(processes.describe_exit(r, c) for r, c in ended_badly.items()), "failed"
                 break
             if all(code == 0 for code in codes):
                 break
@@ -253,6 +254,11 @@ def _gather(children: processes.Children, readers: dict[Any, int], *, on_record:
             echoes = [f"process {e['rank']}: {_last_line(e['traceback'])}" for e in errors if e is not first]
             then = f" (failed after it, often as a consequence: {'; '.join(echoes)})" if echoes else ""
             failure = f"process {first['rank']} failed first{then}:\n{first['traceback'].strip()}"
+            # A rank that had already ended without a traceback (killed, crashed in C++) when the
+            # failure was seen: likely the cause of the others' "Connection closed by peer".
+            silent = [processes.describe_exit(r, c) for r, c in ended_badly.items() if r not in {e["rank"] for e in errors}]
+            if silent:
+                failure = f"{'; '.join(silent)} without a traceback, and {failure}"
     except KeyboardInterrupt:
         failure, status = "stopped by the user", "interrupted"
     return values, failure, status
