@@ -9,7 +9,7 @@ core (`--hog`, the default) with the machine otherwise as loaded as CI is:
     .venv/bin/python benchmarks/launch_stress.py --launches 50 --start-method fork   # the old way, for comparison
 
 `--how notebook_launcher` launches with accelerate's notebook_launcher as notebook 06's cell does
-(`lessons.multi_gpu.notebook_launch`: the children wait for their siblings before connecting).
+(inside `lessons.multi_gpu.bounded_launch`: the children wait for their siblings before connecting).
 `--kernel` runs the launches inside a Jupyter kernel (ipykernel's threads in the parent, as a
 learner's notebook has them). Writes a JSON summary (`--out`): counts, times, load averages.
 """
@@ -37,22 +37,29 @@ def _all_reduce_once() -> int:
     return state.process_index
 
 
+def _notebook_launch(fn, num_processes: int, timeout_s: float) -> list:
+    """Notebook 06's launch cell: notebook_launcher inside bounded_launch, each child's value collected."""
+    from accelerate import notebook_launcher
+
+    from workbench.lessons.multi_gpu import bounded_launch
+
+    with bounded_launch(timeout_s=timeout_s, num_processes=num_processes) as launch:
+        notebook_launcher(launch.reporting(fn), num_processes=num_processes, use_port=launch.port)
+    return launch.collect()
+
+
 def stress(launches: int, processes: int, how: str, start_method: str, timeout_s: float) -> dict:
     """Launch `launches` times; the outcome and wall time of each."""
-    import inspect
-
     from workbench.launching.launch import LaunchError, launch_function
-    from workbench.lessons.multi_gpu import LaunchHung, notebook_launch
+    from workbench.lessons.multi_gpu import LaunchHung
 
-    # (an older workbench's notebook_launch tried a hung launch again: counted here as hung instead)
-    once = {"retries": 0} if "retries" in inspect.signature(notebook_launch).parameters else {}
     outcomes, walls, first_failure = {"ok": 0, "hung": 0, "failed": 0}, [], None
     began = time.monotonic()
     for number in range(launches):
         start = time.monotonic()
         try:
             if how == "notebook_launcher":
-                ranks = sorted(notebook_launch(_all_reduce_once, num_processes=processes, timeout_s=timeout_s, **once))
+                ranks = sorted(_notebook_launch(_all_reduce_once, processes, timeout_s))
             else:
                 ranks = launch_function(_all_reduce_once, num_processes=processes, device="cpu", timeout_s=timeout_s,
                                         start_method=start_method)
@@ -61,7 +68,7 @@ def stress(launches: int, processes: int, how: str, start_method: str, timeout_s
             outcome = "hung"
         except LaunchError as error:
             outcome = "hung" if str(error).startswith("timed out") else "failed"
-            first_failure = first_failure or str(error)[-2000:]
+            first_failure = first_failure or str(error)[:4000]
         outcomes[outcome] += 1
         walls.append(time.monotonic() - start)
         if outcome != "ok" or (number + 1) % 25 == 0:

@@ -1,4 +1,4 @@
-"""notebook_launch: accelerate's notebook_launcher with return values and a bounded hang."""
+"""bounded_launch: accelerate's notebook_launcher, as notebook 06 calls it, with return values and a bounded hang."""
 
 import functools
 import threading
@@ -7,7 +7,16 @@ import time
 import psutil
 import pytest
 
-from workbench.lessons.multi_gpu import LaunchHung, bounded_launch, notebook_launch
+from workbench.lessons.multi_gpu import LaunchHung, bounded_launch
+
+
+def _notebook_launch(fn, *args, num_processes=2, timeout_s=60.0):
+    """Notebook 06's launch cell: notebook_launcher inside bounded_launch, each child's return value collected."""
+    from accelerate import notebook_launcher
+
+    with bounded_launch(timeout_s=timeout_s, num_processes=num_processes) as launch:
+        notebook_launcher(launch.reporting(fn), args=args, num_processes=num_processes, use_port=launch.port)
+    return launch.collect()
 
 
 def _world():
@@ -25,7 +34,7 @@ def test_each_process_returns_its_rank_in_one_world_even_after_a_run_here():
     run = functools.partial(train_run, check_fit=check_fits)  # as wb.run, without its default view
 
     run(RunConfig(model="mlp", data="digits", steps=2, eval_samples=0, dims={"hidden": (8,)}))  # makes an Accelerator
-    assert sorted(notebook_launch(_world, num_processes=2, timeout_s=120)) == [(0, 2), (1, 2)]
+    assert sorted(_notebook_launch(_world, num_processes=2, timeout_s=120)) == [(0, 2), (1, 2)]
 
 
 def test_a_hung_launch_is_stopped_at_its_timeout_and_says_so_without_trying_again():
@@ -33,7 +42,7 @@ def test_a_hung_launch_is_stopped_at_its_timeout_and_says_so_without_trying_agai
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     began = time.monotonic()
     with pytest.raises(LaunchHung, match=r"^notebook_launcher did not finish within 3 s: its processes were stopped"):
-        notebook_launch(time.sleep, 600, num_processes=2, timeout_s=3)
+        _notebook_launch(time.sleep, 600, num_processes=2, timeout_s=3)
     calls.append(1)
     assert time.monotonic() - began < 60 and calls == [1]
     time.sleep(0.5)

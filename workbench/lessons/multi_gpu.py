@@ -3,7 +3,7 @@
 `notebook_launcher(fn, args, num_processes)` forks this process and returns nothing.
 `bounded_launch()` wraps one launch the notebook writes itself: a queue the children report on
 (`launch.reporting(fn)`), a free port, and a bound on a hang (the children are stopped and
-`LaunchHung` says so; nothing is tried again). `notebook_launch(fn, *args)` is that in one call.
+`LaunchHung` says so; nothing is tried again).
 
 Why a forked child could hang, and what `reporting` does about it: the launcher (torch's elastic
 agent, in this process) hosts the rendezvous store, whose server thread does a reverse name lookup
@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["LaunchHung", "bounded_launch", "notebook_launch", "check_worlds", "same_curve", "check_same_curve"]
+__all__ = ["LaunchHung", "bounded_launch", "check_worlds", "same_curve", "check_same_curve"]
 
 
 class LaunchHung(RuntimeError):
@@ -103,17 +103,6 @@ class BoundedLaunch:
 def bounded_launch(*, timeout_s: float = 60.0, num_processes: int = 2) -> BoundedLaunch:
     """One notebook_launcher launch, its hang bounded by `timeout_s` (see BoundedLaunch)."""
     return BoundedLaunch(timeout_s, num_processes)
-
-
-def notebook_launch(fn: Callable[..., Any], *args: Any, num_processes: int = 2, timeout_s: float = 60.0) -> list[Any]:
-    """Run `fn(*args)` in `num_processes` processes with accelerate's `notebook_launcher` (fork)
-    and return what each returned, in the order they finished; a launch still running after
-    `timeout_s` is stopped and raises `LaunchHung`."""
-    from accelerate import notebook_launcher
-
-    with bounded_launch(timeout_s=timeout_s, num_processes=num_processes) as launch:
-        notebook_launcher(launch.reporting(fn), args=args, num_processes=num_processes, use_port=launch.port)
-    return launch.collect()
 
 
 def check_worlds(worlds: dict[bool, list[tuple[int, int]]], num_processes: int = 2) -> None:
