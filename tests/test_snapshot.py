@@ -1,4 +1,4 @@
-"""Memory snapshots in torch's format: the estimator's step (planner.snapshot), a CPU step's
+"""Memory snapshots in torch's format: the estimator's step (planner.predicted_snapshot), a CPU step's
 tracked tensors and the CUDA allocator's record (lessons.planner.measured_snapshot), read back
 from the file and through torch's own `_memory_viz` functions."""
 
@@ -18,7 +18,7 @@ from workbench.core.measure import snapshot as snapshots
 from workbench.core.measure.snapshot import Lifetime, MemorySnapshot, build_snapshot, cuda_history, frame
 from workbench.lessons import planner as lesson
 from workbench.planner.estimate import estimate
-from workbench.planner.snapshot import predicted_snapshot
+from workbench.planner.predicted_snapshot import predicted_snapshot
 
 SMALL_GPT = dict(model="gpt", dims=dict(n_layer=3, n_head=2, d_model=32), seq_len=32)
 

@@ -22,7 +22,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from workbench.base.report import Table
-from workbench.classroom import records as room_records
+from workbench.classroom import record_format as room_records
 from workbench.core.config import RunConfig
 
 # Config fields that say how a run was logged or named, not what it trained.

@@ -1,6 +1,6 @@
 """Share a run with the room: its figures, its config and the machine's fingerprint, sent to the
 room's store on the teacher's machine (workbench/classroom/store.py; `make room` runs it), and read
-back by the teacher's notebook. The record format: docs/ROOM_RECORDS.md (room_records.py checks it).
+back by the teacher's notebook. The record format: docs/ROOM_RECORDS.md (record_format.py checks it).
 
 Why a store of our own and not a tracker's server: trackio's remote client went through its
 server's private endpoints (`/bulk_log`, `/get_run_configs`), which change between minor releases,
@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from workbench.base.report import Results
-from workbench.classroom import records as record_format
+from workbench.classroom import record_format as record_format
 from workbench.classroom.fingerprint import fingerprint
-from workbench.classroom.records import RecordError
+from workbench.classroom.record_format import RecordError
 from workbench.core.config import RunConfig
 from workbench.core.measure.result import RunResult
 

@@ -33,7 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from workbench.classroom import records as room_records
+from workbench.classroom import record_format as room_records
 
 MAX_BODY = 4 * 2**20
 """One share at most: about 60 run records (a notebook shares 2-6)."""

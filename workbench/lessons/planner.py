@@ -41,7 +41,7 @@ from workbench.planner.estimate import accelerate_estimate, estimate
 from workbench.planner.fit import check_fits as check_fits_here
 from workbench.planner.live import CUDA_BLOCK_BYTES, LiveTensors, op_name
 from workbench.planner.planning import Plan, Plans, Target, explain
-from workbench.planner.snapshot import predicted_snapshot
+from workbench.planner.predicted_snapshot import predicted_snapshot
 
 __all__ = ["max_micro_batch", "search_micro_batch", "Verification", "accelerate_estimate", "explain",
            "precisions_here", "precision_here", "check_fits", "forecast_verdict"]

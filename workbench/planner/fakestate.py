@@ -72,7 +72,7 @@ class ModelState(NamedTuple):
     """Parameters that train (freezing and LoRA leave the rest without gradient and state)."""
     held_device_bytes: int = 0
     """The parameters and buffers alone, as the device holds them (resident_bytes less the
-    optimizer state): the two parts a memory snapshot shows (`planner.snapshot`)."""
+    optimizer state): the two parts a memory snapshot shows (`planner.predicted_snapshot`)."""
 
 
 @functools.lru_cache(maxsize=64)

@@ -301,7 +301,7 @@ def step_storages(model_name: str, spec_key: tuple, dims: tuple, precision: str,
                   batch: int, micro_batches: int, device: str) -> tuple[tuple[Storage, ...], dict[str, int]]:
     """Every storage the replay of the loop's first `micro_batches` (1 or 2) micro-batches makes,
     the held-over batch and logits included, and the clock of each mark ('forward_end.1', 'backward.1',
-    'end.1', ...): the events a memory snapshot is made of (`planner.snapshot`). Sizes exact (the
+    'end.1', ...): the events a memory snapshot is made of (`planner.predicted_snapshot`). Sizes exact (the
     device's rounding is the caller's); the replay is `simulate`'s, whole (no groups scaled)."""
     raw = _raw(model_name, spec_key, dims, precision, checkpointing, batch=batch, device=device, group=0)
     stop = raw.marks[f"end.{micro_batches}"][0]

@@ -12,7 +12,7 @@ Its two keys (torch/cuda/memory.py, `_snapshot`'s docstring):
   `free_completed`, each with an address, a size and frames.
 
 `build_snapshot(lifetimes, start=, stop=)` writes one from storages' lifetimes (when each was
-made and freed, on any clock), so a step replayed on fake tensors (`planner.snapshot`) or the
+made and freed, on any clock), so a step replayed on fake tensors (`planner.predicted_snapshot`) or the
 tensors a CPU step made (tracked with `planner.live.LiveTensors`) open in the same viewer as a
 CUDA allocator's record (`cuda_history`). `MemorySnapshot` holds one, with what it came from.
 
