@@ -189,3 +189,13 @@ def test_the_core_is_one_folder_and_its_parts_are_layers() -> None:
     for gone in ("switches", "measure", "engine", "views"):
         assert not (PACKAGE / gone).exists(), f"workbench/{gone}/ is back: its modules belong in workbench/core/{gone}/"
     assert {layer(m) for m in GRAPH if m.startswith("workbench.core")} == {"floor", *CORE_SUBPACKAGES}
+
+
+def test_no_file_name_repeats_across_the_package() -> None:
+    # Issue 39: two `records.py` (the run's records, the room's record format) read as one thing in
+    # a traceback, a search or an import; each module's file name is its own.
+    seen: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name not in ("__init__.py", "__main__.py"):
+            seen.setdefault(path.name, []).append(str(path.relative_to(PACKAGE)))
+    assert {name: where for name, where in seen.items() if len(where) > 1} == {}
