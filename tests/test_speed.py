@@ -18,7 +18,8 @@ from workbench.core.engine.train import run as train_run
 from workbench.core.measure.counters import SavedActivationCounter, gpt_activation_bytes_formula
 from workbench.core.measure.flops import FlopCounter
 from workbench.core.measure.result import RunResult
-from workbench.core.models import GPT, MLP, loss_fn, set_attention
+from workbench.core.models import GPT, MLP, CausalSelfAttention, loss_fn
+from workbench.core.switches.attention import FusedAttention, set_attention
 from workbench.core.switches.compiling import compile_model
 from workbench.core.switches.optimizer import IMPLEMENTATIONS, implementation_problem, make_optimizer
 from workbench.core.switches.tf32 import matmuls as tf32_matmuls
@@ -145,7 +146,10 @@ def test_sdpa_computes_the_explicit_attention_and_keeps_its_weights():
     x = torch.randint(0, V, (B, S))
     torch.testing.assert_close(fused(x), explicit(x), rtol=1e-5, atol=1e-5)  # fp32 rounding of a reordered sum
     assert all(torch.equal(p, q) for p, q in zip(fused.parameters(), explicit.parameters()))
-    assert not set_attention(fused, "explicit").blocks[0].attn.fused  # and back
+    assert type(fused.blocks[0].attn) is FusedAttention
+    names = [name for name, _ in fused.named_parameters()]
+    assert type(set_attention(fused, "explicit").blocks[0].attn) is CausalSelfAttention  # and back,
+    assert [name for name, _ in fused.named_parameters()] == names  # its parameters' names unchanged
 
 
 def test_sdpa_saves_exactly_the_formula_without_the_s_by_s_probabilities():

@@ -23,14 +23,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from workbench.base.errors import ArgumentError
 from workbench.core.data import DATASETS
 from workbench.core.saved import note_saved
 
 __all__ = ["MODELS", "MODEL_SPECS", "ModelSpec", "loss_fn", "MLP", "SmallCNN", "GPT", "PretrainedClassifier", "build_model",
-           "set_attention", "ATTENTIONS", "parameter_count", "pretrained_config"]
+           "parameter_count", "pretrained_config"]
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -105,7 +104,6 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, d_model: int, n_head: int, seq_len: int, dropout: float) -> None:
         super().__init__()
         self.n_head, self.dropout = n_head, dropout
-        self.fused = False  # True: F.scaled_dot_product_attention (set_attention)
         self.c_attn = nn.Linear(d_model, 3 * d_model)  # fused q, k, v
         self.c_proj = nn.Linear(d_model, d_model)
         # True above the diagonal (the future). Kept as a buffer and sliced, never inverted
@@ -121,26 +119,24 @@ class CausalSelfAttention(nn.Module):
         C = qkv.size(-1) // 3
         q, k, v = qkv.split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        if self.fused:  # set_attention(model, "sdpa"): one fused kernel, no s x s matrix kept
-            # Saves q, k, v (views of the one qkv output), the output and the softmax's
-            # log-sum-exp per row (fp32) on CPU: counters.gpt_activation_bytes_formula(attention="sdpa").
-            # With dropout the CPU picks the math backend, which keeps s x s tensors again.
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0,
-                                               is_causal=True)
-            y = y.transpose(1, 2).contiguous().view(B, T, C)  # the kernel's output is laid out (B, T, a, d): no copy
-            y = self.c_proj(y)
-            return F.dropout(y, self.dropout) if self.training and self.dropout > 0 else y
-        # Explicit attention math by default, not F.scaled_dot_product_attention: the fused kernels
-        # save different tensors on CPU and on each GPU backend (flash keeps no s x s
-        # matrix at all), while this saves exactly what Korthikanti et al. count, the same
-        # everywhere, so counters.gpt_activation_bytes_formula can be checked exactly.
+        y = self.attend(q, k, v).transpose(1, 2).contiguous().view(B, T, C)
+        y = self.c_proj(y)
+        return F.dropout(y, self.dropout) if self.training and self.dropout > 0 else y
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """softmax(q k^T / sqrt(d), causal) v, per head: (B, heads, T, d) each, and out.
+
+        Explicit math, not F.scaled_dot_product_attention (the `attention='sdpa'` switch,
+        switches/attention.py, swaps that in): the fused kernels save different tensors on CPU and
+        on each GPU backend (flash keeps no s x s matrix at all), while this saves exactly what
+        Korthikanti et al. count, the same everywhere, so counters.gpt_activation_bytes_formula
+        can be checked exactly."""
+        T = q.size(-2)
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
         att = att.masked_fill(self.future[:, :, :T, :T], float("-inf")).softmax(dim=-1)
         if self.training and self.dropout > 0:  # no dropout node at all when p=0, as the formula assumes
             att = F.dropout(att, self.dropout)
-        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
-        y = self.c_proj(y)
-        return F.dropout(y, self.dropout) if self.training and self.dropout > 0 else y
+        return att @ v
 
 
 class Block(nn.Module):
@@ -179,8 +175,6 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(d_model)
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight
-        self.checkpointed: frozenset[int] = frozenset()  # blocks recomputed in backward (switches.activation_checkpointing)
-        self.checkpoint_options: dict[str, Any] = {}  # torch.utils.checkpoint's further keywords, from the same
         # GPT-2 init; residual projections scaled by 1/sqrt(2·n_layer) (nanoGPT).
         for name, p in self.named_parameters():
             if p.dim() == 2:
@@ -197,16 +191,8 @@ class GPT(nn.Module):
         x = self.wte(idx) + self.wpe.weight[:T]
         if self.training and self.dropout > 0:
             x = F.dropout(x, self.dropout)
-        for i, block in enumerate(self.blocks):
-            if i in self.checkpointed and torch.is_grad_enabled():
-                # The checkpoint keeps x alive for the recompute: report it so counted
-                # activation bytes stay exact (torch 2.13's hooks see it too; counted once).
-                note_saved(x)
-                # No RNG state to save when there is no dropout (saves a copy per block).
-                x = checkpoint(block, x, use_reentrant=False, preserve_rng_state=self.dropout > 0,
-                               **self.checkpoint_options)
-            else:
-                x = block(x)
+        for block in self.blocks:  # a checkpointed one is switches.activation_checkpointing's CheckpointedBlock
+            x = block(x)
         return self.lm_head(self.ln_f(x))
 
 
@@ -279,33 +265,6 @@ def _note_checkpointed_inputs(module: nn.Module, args: tuple, kwargs: dict) -> N
         for t in (*args, *kwargs.values()):
             if isinstance(t, torch.Tensor):
                 note_saved(t)
-
-
-ATTENTIONS = ("explicit", "sdpa")
-"""How the GPT computes attention: 'explicit' (matmul, mask, softmax, matmul: what Korthikanti et
-al. count) or 'sdpa' (torch.nn.functional.scaled_dot_product_attention, a fused kernel)."""
-
-
-def set_attention(model: nn.Module, attention: str) -> nn.Module:
-    """Compute the GPT's attention explicitly ('explicit') or with the fused kernel ('sdpa').
-
-    'explicit' is accepted by every model, so a loop may always call this; 'sdpa' needs the GPT
-    (MiniLM's attention is chosen inside transformers). Weights are untouched: the two compute
-    the same function, so a model can be switched back and forth. Returns the model.
-
-    Example:
-        >>> model = GPT(vocab_size=256, seq_len=16, n_layer=1, n_head=2, d_model=8)
-        >>> set_attention(model, "sdpa").blocks[0].attn.fused
-        True
-    """
-    if attention not in ATTENTIONS:
-        raise ValueError(f"attention={attention!r} is not known; use one of: {', '.join(map(repr, ATTENTIONS))}")
-    layers = [m for m in model.modules() if isinstance(m, CausalSelfAttention)]
-    if attention == "sdpa" and not layers:
-        raise ValueError(f"attention='sdpa' applies to the GPT, not {type(model).__name__}; use attention='explicit'")
-    for layer in layers:
-        layer.fused = attention == "sdpa"
-    return model
 
 
 def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

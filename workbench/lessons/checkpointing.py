@@ -32,7 +32,7 @@ from workbench.core.measure.counters import SavedActivationCounter, gpt_activati
 from workbench.core.models import GPT, loss_fn, unavailable_reason
 from workbench.core.saved import note_saved
 from workbench.core.switches.activation_checkpointing import noting_matmuls as count_kept_matmuls  # noqa: F401  (03's selective cell)
-from workbench.core.switches.activation_checkpointing import set_activation_checkpointing
+from workbench.core.switches.activation_checkpointing import checkpointed_blocks, set_activation_checkpointing
 from workbench.lessons import evidence
 from workbench.lessons.contention import CoreShare, core_share
 from workbench.lessons.figures_memory import step_timeline_figure, stored_vs_recomputed
@@ -71,17 +71,21 @@ def checkpoint_sequential_forward(model: GPT, idx: torch.Tensor, segments: int) 
     """`model(idx)` with the blocks run by `torch.utils.checkpoint.checkpoint_sequential`.
 
     Mirrors `GPT.forward` (embeddings, blocks, final LayerNorm, head); only the blocks'
-    call differs. Blocks checkpointed by `set_activation_checkpointing` are ignored here.
+    call differs. A model whose blocks `set_activation_checkpointing` switched is refused:
+    its blocks would checkpoint again inside each segment.
     """
     if not isinstance(model, GPT):
         raise TypeError(f"checkpoint_sequential_forward takes the workbench GPT, not {type(model).__name__}")
+    if switched := checkpointed_blocks(model):
+        raise ValueError(f"blocks {switched} are checkpointed already (set_activation_checkpointing); "
+                         "call set_activation_checkpointing(model, 'none') first")
     chosen = segment_blocks(len(model.blocks), segments)
     T = idx.size(1)
     x = model.wte(idx) + model.wpe.weight[:T]
     if model.training and model.dropout > 0:
         x = F.dropout(x, model.dropout)
     # Each checkpointed segment keeps its input alive for the recompute, outside any outer
-    # saved-tensor hooks: note it (as GPT.forward does per block) so counts stay exact.
+    # saved-tensor hooks: note it (as CheckpointedBlock does) so counts stay exact.
     hooks = [model.blocks[seg[0]].register_forward_pre_hook(lambda _m, args: note_saved(args[0]))
              for seg in chosen] if torch.is_grad_enabled() else []
     try:
@@ -102,7 +106,7 @@ def _describe(model: nn.Module, setting: Setting) -> str:
         return f"checkpoint_sequential({setting.n}): " + (" ".join(str(s) for s in segs) or "nothing")
     if isinstance(model, GPT):
         set_activation_checkpointing(model, setting)
-        blocks = sorted(model.checkpointed)
+        blocks = checkpointed_blocks(model)
         set_activation_checkpointing(model, "none")
         return f"blocks {blocks}" if blocks else "no blocks"
     if hasattr(model, "hf"):  # the pretrained MiniLM: Hugging Face's own switch

@@ -41,7 +41,8 @@ class Probe:
 
     def new_model(self) -> nn.Module:
         """The model `run()` builds for this config: same seed, so the same weights; in train mode."""
-        from workbench.core.models import build_model, set_attention
+        from workbench.core.models import build_model
+        from workbench.core.switches.attention import set_attention
 
         model = build_model(self.config.model, data=self.data, dims=self.config.dims, seed=self.config.seed)
         set_attention(model, self.config.attention)  # as run() does

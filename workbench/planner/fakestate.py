@@ -35,7 +35,8 @@ def build(model_name: str | ModuleKey, spec_key: tuple, dims: tuple) -> nn.Modul
     """The model on fake tensors (call inside `fake_mode()`): a built-in one by name, or a copy
     of the learner's module (`ModuleKey`). `dims` may carry the GPT's `attention` ('explicit' or
     'sdpa', RunConfig.attention) beside its sizes."""
-    from workbench.core.models import build_model, set_attention
+    from workbench.core.models import build_model
+    from workbench.core.switches.attention import set_attention
 
     if isinstance(model_name, ModuleKey):
         return fake_copy(model_name.module())

@@ -2,12 +2,14 @@
 
 A checkpointed block keeps only its input in forward and recomputes the rest in backward
 (`torch.utils.checkpoint.checkpoint`, non-reentrant): fewer saved-activation bytes for one
-more forward of the block. The GPT checkpoints its own blocks (`GPT.checkpointed`, with
-`GPT.checkpoint_options` passed to `checkpoint`); the MiniLM takes Hugging Face's switch.
+more forward of the block. For the GPT the switch swaps each chosen block for its subclass
+`CheckpointedBlock` in place (`module.__class__`, as torch's FSDP2 `fully_shard` does): same
+parameters under the same names, so a state dict saved with one setting loads under another and
+the GPT reads no flag. The MiniLM takes Hugging Face's own switch.
 
 Example:
     >>> set_activation_checkpointing(model, "every_other")  # doctest: +SKIP
-    >>> sorted(model.checkpointed)                          # doctest: +SKIP
+    >>> checkpointed_blocks(model)                          # doctest: +SKIP
     [0, 2]
 """
 
@@ -20,13 +22,14 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from workbench.base.arguments import listed
 from workbench.base.errors import ConfigError
 from workbench.core import custom
-from workbench.core.models import GPT, MODEL_SPECS, PretrainedClassifier
+from workbench.core.models import GPT, MODEL_SPECS, Block, PretrainedClassifier
 from workbench.core.saved import note_saved
 
 # The registry: the names RunConfig accepts (its Literal type and the CLI's choices read them).
@@ -74,6 +77,28 @@ def noting_matmuls(context_fn: Callable[[], tuple[Any, Any]]) -> Callable[[], tu
 _selective_contexts = noting_matmuls(functools.partial(create_selective_checkpoint_contexts, _keep_matmuls))
 
 
+class CheckpointedBlock(Block):
+    """A GPT block that keeps only its input and recomputes the rest in backward (what the switch
+    swaps in); `checkpoint_options`: torch.utils.checkpoint's further keywords ('selective')."""
+
+    checkpoint_options: dict[str, Any] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.is_grad_enabled():  # nothing is saved for a backward: no checkpoint to make
+            return super().forward(x)
+        # The checkpoint keeps x alive for the recompute: report it so counted activation bytes
+        # stay exact (torch 2.13's hooks see it too; counted once).
+        note_saved(x)
+        # No RNG state to save when there is no dropout (saves a copy per block).
+        return checkpoint(super().forward, x, use_reentrant=False, preserve_rng_state=self.dropout > 0,
+                          **self.checkpoint_options)
+
+
+def checkpointed_blocks(model: nn.Module) -> list[int]:
+    """The indices of the GPT's blocks that recompute in backward ([] for other models)."""
+    return [i for i, block in enumerate(getattr(model, "blocks", ())) if isinstance(block, CheckpointedBlock)]
+
+
 def check(r: dict[str, Any]) -> None:
     """The resolved values `r` can checkpoint: a built-in model with blocks."""
     custom.refuse_for_own_model(r, r["activation_checkpointing"] != "none",
@@ -118,7 +143,15 @@ def set_activation_checkpointing(model: nn.Module, blocks: str | Iterable[int]) 
             if bad := sorted((i for i in chosen if not (isinstance(i, int) and 0 <= i < n)), key=repr):
                 raise ValueError(f"activation checkpointing blocks {bad} out of range: "
                                  f"this GPT has blocks 0..{n - 1}")
-        model.checkpointed, model.checkpoint_options = frozenset(chosen), options
+        if wrapped := sorted({type(b).__name__ for b in model.blocks} - {"Block", "CheckpointedBlock"}):
+            raise ValueError(f"activation checkpointing: the GPT's blocks are already {', '.join(wrapped)}; "
+                             "switch it on the plain model, before sharding it")
+        for i, block in enumerate(model.blocks):
+            block.__class__ = CheckpointedBlock if i in chosen else Block
+            if i in chosen:
+                block.checkpoint_options = options
+            else:
+                vars(block).pop("checkpoint_options", None)
     elif isinstance(model, PretrainedClassifier):
         hf, kwargs = model.hf, {"use_reentrant": False, **options}
         # transformers >= 5.2x renamed the switch (the old name warns) and added every_n_layers.
