@@ -48,14 +48,20 @@ def _notebook_launch(fn, num_processes: int, timeout_s: float) -> list:
     return launch.collect()
 
 
-def stress(launches: int, processes: int, how: str, start_method: str, timeout_s: float) -> dict:
-    """Launch `launches` times; the outcome and wall time of each."""
+def stress(launches: int, processes: int, how: str, start_method: str, timeout_s: float,
+           fresh_server: bool = False) -> dict:
+    """Launch `launches` times; the outcome and wall time of each. `fresh_server`: each launch from a
+    newly started fork server (as a test process's or a kernel's first launch is)."""
+    from multiprocessing import forkserver
+
     from workbench.launching.launch import LaunchError, launch_function
     from workbench.lessons.multi_gpu import LaunchHung
 
     outcomes, walls, first_failure = {"ok": 0, "hung": 0, "failed": 0}, [], None
     began = time.monotonic()
     for number in range(launches):
+        if fresh_server and forkserver._forkserver._forkserver_pid is not None:
+            forkserver._forkserver._stop()
         start = time.monotonic()
         try:
             if how == "notebook_launcher":
@@ -110,6 +116,8 @@ def main() -> int:
     parser.add_argument("--how", choices=("launch_function", "notebook_launcher"), default="launch_function")
     parser.add_argument("--start-method", default="auto", help="launch_function's start_method (auto, fork, ...)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds before a launch counts as hung")
+    parser.add_argument("--fresh-server", action="store_true",
+                        help="stop the fork server after each launch: every launch starts a new one")
     parser.add_argument("--no-hog", action="store_true", help="do not keep a core busy meanwhile")
     parser.add_argument("--kernel", action="store_true", help="launch from inside a Jupyter kernel")
     parser.add_argument("--out", type=Path, help="write the summary here (JSON)")
@@ -123,7 +131,7 @@ def main() -> int:
         hog.__enter__()
     try:
         summary = _in_a_kernel(args) if args.kernel else stress(args.launches, args.processes, args.how,
-                                                                 args.start_method, args.timeout)
+                                                                 args.start_method, args.timeout, args.fresh_server)
     finally:
         if hog is not None:
             hog.__exit__(None, None, None)
