@@ -199,3 +199,61 @@ def test_no_file_name_repeats_across_the_package() -> None:
         if path.name not in ("__init__.py", "__main__.py"):
             seen.setdefault(path.name, []).append(str(path.relative_to(PACKAGE)))
     assert {name: where for name, where in seen.items() if len(where) > 1} == {}
+
+
+# Issue 39: imports at the top of a module unless a comment says why. A function-level import is
+# a cost moved to the first call (or a cycle, or an optional package) and the reader should not
+# have to guess which: the comment on the line before the block (or on one of its lines) says.
+NOT_YET_CHECKED = {
+    # Being changed in parallel (activation checkpointing, the launcher, the multi-GPU lessons):
+    # checked once those changes are merged; remove each name then.
+    "core/models.py",
+    "core/switches/activation_checkpointing.py",
+    "core/switches/__init__.py",
+    "lessons/multi_gpu.py",
+    "lessons/checkpointing.py",
+    "launching/launch.py",
+}
+
+
+def unexplained_function_level_imports(path: pathlib.Path) -> list[int]:
+    """First line of each block of consecutive imports inside a function with no comment on the
+    line before it or on one of its lines."""
+    source = path.read_text()
+    lines = source.splitlines()
+    found = set()
+    for fn in ast.walk(ast.parse(source)):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                statements = getattr(node, field, None)
+                if not isinstance(statements, list):
+                    continue
+                block: list[ast.stmt] = []
+                for statement in [*statements, None]:
+                    if isinstance(statement, (ast.Import, ast.ImportFrom)):
+                        block.append(statement)
+                        continue
+                    if block:
+                        before = lines[block[0].lineno - 2].strip() if block[0].lineno > 1 else ""
+                        own = "\n".join(lines[block[0].lineno - 1:block[-1].end_lineno])
+                        if not before.startswith("#") and "#" not in own:
+                            found.add(block[0].lineno)
+                    block = []
+    return sorted(found)
+
+
+def test_every_function_level_import_says_why() -> None:
+    missing = [f"workbench/{path.relative_to(PACKAGE)}:{line}"
+               for path in MODULES if str(path.relative_to(PACKAGE)) not in NOT_YET_CHECKED
+               for line in unexplained_function_level_imports(path)]
+    assert not missing, ("imports inside a function with no comment saying why they are not at the top of "
+                         "the module (issue 39): move each up, or say why it must wait:\n" + "\n".join(missing))
+
+
+def test_the_import_comment_check_sees_a_silent_block(tmp_path: pathlib.Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n    import json\n    import os\n\n\ndef g():\n    # lazy: a reason\n    import csv\n"
+                     "    import io\n\n\ndef h():\n    import re  # a reason\n")
+    assert unexplained_function_level_imports(probe) == [2]

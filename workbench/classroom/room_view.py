@@ -233,6 +233,7 @@ def skipped_table(records: list[dict[str, Any]]) -> Table:
 def room_figure(records: list[dict[str, Any]]):
     """One panel per technique: each machine's speed-up by hardware class (log scale, 1x marked).
     Labels are learners' text: drawn as text (mathtext off), never parsed."""
+    # matplotlib only when a figure is drawn: importing this module stays light
     import matplotlib.pyplot as plt
 
     found = effects(records)

@@ -40,8 +40,8 @@ from torch.utils.data import (
 
 from workbench.base import label_range
 from workbench.base.errors import ConfigError
-from workbench.core.data import DATASETS, DataBundle, load_data
-from workbench.core.models import MODEL_SPECS, ModelSpec, parameter_count
+from workbench.core.data import DATASETS, DataBundle, load_data, train_size
+from workbench.core.models import MODEL_SPECS, ModelSpec, build_model, parameter_count
 
 __all__ = ["ContractBatches", "OwnData", "as_contract", "check_forward", "checked_copy", "describe_data",
            "describe_model", "is_own_data", "load_bundle", "model_copy", "model_name", "model_spec", "own_bundle",
@@ -269,8 +269,6 @@ def read_data(data: Any) -> OwnData:
 
 def train_count(data: Any, seq_len: int | None) -> int | None:
     """Training samples of `data` (a name at `seq_len`, or a dataset); None for a hub set."""
-    from workbench.core.data import train_size
-
     if is_own_data(data):
         return len(data.dataset if isinstance(data, DataLoader) else data[0] if isinstance(data, tuple) else data)
     return train_size(data, seq_len)
@@ -296,8 +294,6 @@ def load_bundle(cfg: Any) -> DataBundle:
 def load_model(cfg: Any, bundle: DataBundle) -> nn.Module:
     """The model a run of `cfg` (resolved) trains: a built-in one built by name, seeded (every arm
     of a comparison starts from the same weights), or a checked deep copy of the module passed in."""
-    from workbench.core.models import build_model
-
     if isinstance(cfg.model, str):
         return build_model(cfg.model, data=bundle, dims=cfg.dims, seed=cfg.seed)
     return checked_copy(cfg.model, bundle, seed=cfg.seed)

@@ -63,6 +63,7 @@ def _widths_problem(name: str, value: Any, example: str) -> str | None:
 
 def dims_problem(model: str, dims: dict[str, Any], input_shape: tuple[int, ...] | None) -> str | None:
     """Why `dims` cannot build `model` (on images of `input_shape`, when known), or None."""
+    # lazy: limits stays free of torch (launching.processes reads it before a launch imports torch)
     from workbench.core.models import MODEL_SPECS
 
     spec = MODEL_SPECS[model]
@@ -110,6 +111,7 @@ def max_positions(model: str) -> int | None:
     """The longest sequence `model` can embed (None: the model is built for the data's)."""
     if model != "minilm":
         return None
+    # lazy: limits stays free of torch (launching.processes reads it before a launch imports torch)
     from workbench.core.models import pretrained_config
 
     return int(pretrained_config()["max_position_embeddings"])

@@ -161,6 +161,7 @@ UNKNOWN_CARD_GIB = 14.5
 
 def _sized_to_card(preset: Preset) -> Preset:
     """The gpu preset with its GPT shape for this machine's card, and a note saying which and why."""
+    # lazy: presets stay free of torch (machine.hardware imports it); only the gpu preset asks the card
     from workbench.machine.hardware import gpu_memory_bytes
 
     total, source = gpu_memory_bytes()

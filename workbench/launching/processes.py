@@ -31,6 +31,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import dill
+import psutil
+
 from workbench.core.limits import usable_cores
 from workbench.machine.cpu_class import CAP_VARIABLES
 
@@ -122,6 +125,7 @@ def stop_held() -> Iterator[None]:
 
 
 def _ensure_forkserver(ctx: Any) -> None:
+    # POSIX only: the fork server's module is not for Windows
     from multiprocessing import forkserver
 
     global _server_env
@@ -137,6 +141,7 @@ def _ensure_forkserver(ctx: Any) -> None:
 
 def forkserver_pid() -> int | None:
     """The running fork server's process id (None before the first launch that uses it)."""
+    # POSIX only: the fork server's module is not for Windows
     from multiprocessing import forkserver
 
     return forkserver._forkserver._forkserver_pid
@@ -191,8 +196,6 @@ class Children:
     def watch(self, every_s: float = 0.5) -> None:
         """Note the ranks' descendants now (at most every `every_s`): once a rank has ended, what it
         started is no longer found from it."""
-        import psutil
-
         if time.monotonic() - self._watched_at < every_s:
             return
         self._watched_at = time.monotonic()
@@ -243,8 +246,6 @@ class Children:
 
     def leftovers(self) -> list[int]:
         """Descendants seen during the launch that still run (the same process: its start time)."""
-        import psutil
-
         alive = []
         for pid, began in self._seen.items():
             with contextlib.suppress(psutil.Error):
@@ -261,8 +262,6 @@ class ByValue:
     the function uses it imports in its body, or dill carries along (its globals, recurse=True)."""
 
     def __init__(self, target: Any, args: tuple) -> None:
-        import dill
-
         blamed = target if isinstance(target, Callable) else None  # type: ignore[arg-type]
         for what, value in (("target", target), ("arguments", args)):
             try:
@@ -277,15 +276,11 @@ class ByValue:
             setattr(self, what, code)
 
     def load(self) -> tuple[Any, tuple]:
-        import dill
-
         return dill.loads(self.target), dill.loads(self.arguments)
 
 
 def own_descendants() -> list[tuple[int, float]]:
     """This process's descendants now, (pid, start time) each: what a rank reports before it ends."""
-    import psutil
-
     found = []
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):

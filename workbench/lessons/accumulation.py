@@ -25,10 +25,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from accelerate import Accelerator
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from workbench.base.report import Table
+from workbench.core.config import RunConfig
 from workbench.core.engine.accelerator import make_accelerator
 from workbench.core.models import loss_fn
 from workbench.lessons import evidence
@@ -298,8 +301,6 @@ def lr_schedule_check(*, accum_steps: int, optimizer_steps: int = 4, warmup_step
 
 
 def _plain_config(accum_steps: int):
-    from workbench.core.config import RunConfig
-
     return RunConfig(model="mlp", grad_accum_steps=accum_steps, device="cpu")
 
 
@@ -383,9 +384,8 @@ def allreduce_check(*, accum_steps: int, seed: int = 0) -> Rows:
     sum once. `accelerator.accumulate(model)` enters `no_sync` for you on non-final
     micro-batches when it runs distributed. The gradients are the same either way.
     """
-    import torch.distributed as dist
+    # lazy: `import torch` does not load the DDP hooks (they import torch._dynamo)
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     check_accum_steps(accum_steps)
     if dist.is_initialized():

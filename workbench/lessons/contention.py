@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import psutil
+
 # A block that got at least this share of its core(s) ran on a free one. A pure-Python loop
 # alone on a core of the 2-core CI machine reads 0.97-1.00; with a busy process pinned to the
 # same core, ~0.5.
@@ -62,7 +64,7 @@ class CoreShare:
 
 
 def _threads() -> int:
-    import torch
+    import torch  # lazy: the tour imports this module without torch
 
     return max(1, torch.get_num_threads())
 
@@ -122,8 +124,6 @@ def _machine_busy_s() -> float | None:
         with open("/proc/stat") as stat:
             fields = stat.readline().split()[1:]
     except OSError:
-        import psutil
-
         try:
             times = psutil.cpu_times()
         except Exception:  # noqa: BLE001: psutil's own reading failed: unknown, said so
@@ -139,10 +139,9 @@ def _own_tree_s() -> float:
     launched ranks: they are waited for before a run returns). Windows has no getrusage: psutil's
     figures there count this process only."""
     try:
+        # not on Windows
         import resource
     except ImportError:
-        import psutil
-
         times = psutil.Process().cpu_times()
         return times.user + times.system + times.children_user + times.children_system
     mine, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -152,7 +152,7 @@ def majority_share(labels: Any) -> float:
         >>> majority_share([1, 1, 2, 0])
         0.5
     """
-    import torch
+    import torch  # lazy: the exercises import this module; checking an answer needs no torch
 
     labels = torch.as_tensor(labels).flatten().long()
     return labels.bincount().max().item() / labels.numel()
@@ -162,9 +162,10 @@ def chance(result: Any) -> float | None:
     """The held-out labels' most frequent share for a run (its data, sequence length, seed and
     evaluation size): the accuracy of always guessing that label, what "trained" is measured from.
     None for data given as a dataset object (its labels are the learner's)."""
+    # lazy: the exercises import this module; checking an answer needs no torch
     import torch
 
-    from workbench.core.data import load_data
+    from workbench.core.data import load_data  # (it imports torch)
 
     cfg = result.config
     if not isinstance(cfg.data, str) or not cfg.eval_samples:

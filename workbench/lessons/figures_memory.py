@@ -11,6 +11,7 @@ global state is never touched) and whose `.figure` a test can read.
 from __future__ import annotations
 
 import io
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,6 +29,7 @@ class Picture:
         return f"Picture({titles!r})"
 
     def _repr_png_(self) -> bytes:
+        # matplotlib only when a figure is drawn: importing this module stays light
         from matplotlib.backends.backend_agg import FigureCanvasAgg
 
         buffer = io.BytesIO()
@@ -54,6 +56,7 @@ def stored_vs_recomputed(blocks: Sequence[str], stored: Sequence[int], kept: Seq
                          f"{len(stored)}, {len(kept)}; pass one figure per block")
     if any(k > s for s, k in zip(stored, kept)):
         raise ValueError("a checkpointed block cannot keep more than it saves uncheckpointed: check stored and kept")
+    # matplotlib only when a figure is drawn: importing this module stays light
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(7, 3.2))
@@ -92,6 +95,7 @@ def step_timeline_figure(timelines: Mapping[str, Any]) -> Picture:
     """
     if not timelines or any(not t.levels for t in timelines.values()):
         raise ValueError("pass at least one timeline with levels, e.g. {'none': step_timeline(config)}")
+    # matplotlib only when a figure is drawn: importing this module stays light
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(7, 3.4))
@@ -131,8 +135,8 @@ def snapshot_timelines(snapshots: Mapping[str, Any]) -> Picture:
     """
     if not snapshots:
         raise ValueError("pass at least one snapshot, e.g. {'predicted': lesson.predicted_snapshot(config)}")
-    import textwrap
 
+    # matplotlib only when a figure is drawn: importing this module stays light
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(11, 3.6))
@@ -165,6 +169,7 @@ def weight_grid(weights: Sequence[float], *, scale: float, zero_point: int, qmin
         raise ValueError(f"scale={scale!r} must be > 0: pass the quantized layer's q_scale()")
     if not qmin < qmax:
         raise ValueError(f"qmin={qmin} must be below qmax={qmax}")
+    # matplotlib only when a figure is drawn: importing this module stays light
     from matplotlib.figure import Figure
 
     values = [float(w) for w in weights]

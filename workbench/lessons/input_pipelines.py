@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
+import multiprocessing
 import os
 import statistics
 import time
@@ -47,9 +48,12 @@ from workbench.core.data.files import (  # noqa: F401
     prepare_image,
     write_image_files,
 )
+from workbench.core.engine.train import run
+from workbench.core.views.dashboard import default_sinks
 from workbench.lessons import evidence
 from workbench.lessons.contention import other_work  # noqa: F401
 from workbench.lessons.exercises import check
+from workbench.planner.fit import check_fits
 
 
 def release_on_error(loader: Iterable) -> Iterator:
@@ -79,6 +83,7 @@ def time_datasets(files: ImageFiles, *, num_procs: Sequence[int] = (1, 2), epoch
     """Seconds for: .map(batched, num_proc=n) once each; an epoch read from the mapped,
     torch-formatted set; an epoch decoded on the fly (with_transform). Centre crops only:
     random augmentation cannot be computed once, it belongs on the fly."""
+    # lazy: datasets (pyarrow, fsspec) loads only when a dataset is read
     import datasets
 
     ds = datasets.Dataset.from_dict({"image": [str(files.root / p) for p in files.paths],
@@ -140,8 +145,6 @@ def parallel_speedup(processes: int = 2, *, iterations: int = 1_000_000, rounds:
         >>> 0.5 < parallel_speedup(2) < 2.5
         True
     """
-    import multiprocessing
-
     # this process's start method (spawn on macOS and Windows), named so as not to fix the default
     context = multiprocessing.get_context(multiprocessing.get_start_method(allow_none=True)
                                           or multiprocessing.get_all_start_methods()[0])
@@ -245,10 +248,6 @@ def loader_sweep(base: Any, plan: Sequence[tuple[str, dict[str, Any]]], *, done:
                  sinks: Any = None) -> list[Any]:
     """run() the baseline config once per plan entry ("x2" doubles the batch size), in plan
     order; entries named like a result in `done` reuse that result instead of running again."""
-    from workbench.core.engine.train import run
-    from workbench.core.views.dashboard import default_sinks
-    from workbench.planner.fit import check_fits
-
     have = {r.name: r for r in done}
     batch = base.resolved().batch_size
     results = []
@@ -287,6 +286,7 @@ class SweepView(Report):
         return rows
 
     def figure(self) -> Any:
+        # matplotlib only when a figure is drawn: importing this module stays light
         from matplotlib.figure import Figure
 
         runs = [*self.results, self.ceiling]

@@ -23,12 +23,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from workbench.base.precisions import DTYPES
 from workbench.base.report import format_bytes as wb_bytes
 from workbench.base.report import html_table, text_table
 from workbench.core.engine.accelerator import reset_accelerate_state
-from workbench.core.measure.counters import gpt_activation_bytes_formula
+from workbench.core.measure.counters import SavedActivationCounter, gpt_activation_bytes_formula
+from workbench.core.models import loss_fn
 from workbench.core.presets import get_preset
 from workbench.core.switches.precision import enable_fp16_on_cpu
 from workbench.lessons import evidence
@@ -249,11 +251,6 @@ def inspect_model(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, 
 
     The model's gradients are cleared afterwards (set to None).
     """
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    from workbench.core.measure.counters import SavedActivationCounter
-    from workbench.core.models import loss_fn
-
     report = PrecisionReport(precision)
     ops: Counter[tuple[str, str]] = Counter()
 

@@ -28,10 +28,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 
 from workbench.base.report import format_bytes
+from workbench.core import custom
 from workbench.core.measure.counters import SavedActivationCounter, parameter_bytes
+from workbench.core.switches import data_loading
+from workbench.launching.launch import launch_function
 from workbench.lessons.probe import tensor_peak
 from workbench.planner.communication import CollectiveCounter, wire_bytes
 from workbench.planner.parallelize import (
@@ -120,8 +126,6 @@ class Meter:
 
     def report(self, model: nn.Module) -> RankReport:
         """This process's figures (`model`: the whole GPT before it was split, for its shapes)."""
-        import torch.distributed as dist
-
         attn = model.blocks[0].attn
         heads = attn.n_head * (dist.get_world_size() if self.kind in ("tensor", "sequence") else 1)  # n_head: the local heads
         shape = {**self.shape, "h": attn.c_proj.out_features, "a": heads, "L": len(model.blocks),
@@ -284,9 +288,7 @@ def train_split(config: Any, kind: str, microbatches: int = 4) -> RankReport:
     """In each launched process: `config`'s GPT split the library's way (`kind`: 'tensor',
     'sequence', 'gpipe' or '1f1b'), trained for `config.steps`, measured; this process's report.
     The same loop as the notebook's by-hand cells, with `tensor_parallel` / `pipeline_stages`."""
-    import torch.distributed as dist
-    import torch.nn.functional as F
-    from torch.distributed.device_mesh import init_device_mesh
+    # lazy: `import torch` does not load pipelining (torch._dynamo, half a second)
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     schedules = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
@@ -325,9 +327,6 @@ def train_split(config: Any, kind: str, microbatches: int = 4) -> RankReport:
 def _parts(config: Any) -> tuple[Any, nn.Module, Iterator[dict]]:
     """What `wb.training_parts(config)` gives on the CPU (the top layer's, not importable here):
     the resolved config, the seeded model and the reshuffled batches run() trains on."""
-    from workbench.core import custom
-    from workbench.core.switches import data_loading
-
     c = config.resolved()
     bundle = custom.load_bundle(c)
     model = custom.load_model(c, bundle)
@@ -345,6 +344,4 @@ def launch(fn: Any, *args: Any, num_processes: int = 2, timeout_s: float = 120.0
     `num_processes` connected CPU processes (gloo), their return values; a launch still running
     after `timeout_s` is stopped and raises. (The children come from a fork server that holds no
     thread, so none inherits a held lock: launching/processes.py.)"""
-    from workbench.launching.launch import launch_function
-
     return launch_function(fn, *args, num_processes=num_processes, device="cpu", timeout_s=timeout_s)

@@ -29,15 +29,20 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
+from accelerate.utils import find_executable_batch_size
 
 from workbench.base.report import Report, format_bytes
 from workbench.core import custom
 from workbench.core.config import RunConfig
+from workbench.core.data import load_data
+from workbench.core.engine.train import run
 from workbench.core.measure.records import RunEnd, RunStart, StepRecord
 from workbench.core.measure.snapshot import Lifetime, MemorySnapshot, build_snapshot, cuda_history, frame
+from workbench.lessons.figures_memory import snapshot_timelines
 from workbench.machine import hardware
 from workbench.machine.hardware import precision_here
 from workbench.planner.estimate import accelerate_estimate, estimate
+from workbench.planner.fit import DoesNotFit
 from workbench.planner.fit import check_fits as check_fits_here
 from workbench.planner.live import CUDA_BLOCK_BYTES, LiveTensors, op_name
 from workbench.planner.planning import Plan, Plans, Target, explain
@@ -85,12 +90,6 @@ def search_micro_batch(config: RunConfig, *, start: int, reduce: Callable[[int],
     own x0.9). Starting just above a prediction with `reduce=lambda b: b - 1` checks the
     prediction at its edge in two tries. Returns (batch, [(batch tried, status), ...]).
     """
-    import torch
-    from accelerate.utils import find_executable_batch_size
-
-    from workbench.core.engine.train import run
-    from workbench.planner.fit import DoesNotFit
-
     runner = runner or functools.partial(run, check_fit=check_fits_here)  # as wb.run: the fit check first
     tries: list[tuple[int, str]] = []
     base = dataclasses.replace(config.resolved(), epochs=None, steps=1, eval_samples=0, grad_accum_steps=1)
@@ -174,10 +173,8 @@ class Verification(Report):
 def precisions_here() -> tuple[str, ...]:
     """The precisions this machine runs natively: fp32, and bf16 where the CPU (AVX512-BF16, AMX)
     or a GPU has it. An emulated bf16 step is many times slower: timing it for a plan takes minutes."""
-    from workbench.machine.hardware import precision_support, resolve_device
-
-    device = resolve_device("auto")
-    return ("fp32",) + (("bf16",) if precision_support(device, "bf16") == "native" else ())
+    device = hardware.resolve_device("auto")
+    return ("fp32",) + (("bf16",) if hardware.precision_support(device, "bf16") == "native" else ())
 
 
 def check_fits(by_hand: dict[str, bool], plans: Plans) -> None:
@@ -245,9 +242,6 @@ class _PeakPerStep:
 def _tracked_run(config: RunConfig, steps: int, live: LiveTensors | None, sink: Any, name: str) -> RunConfig:
     """Run `config` for `steps` optimizer steps (logging every step, no evaluation) under `live`
     (None: untracked), `sink` hearing every step. The data set is loaded first, outside it."""
-    from workbench.core.data import load_data
-    from workbench.core.engine.train import run
-
     if steps < 2:
         raise ValueError(f"steps={steps} must be at least 2: the first step creates the optimizer state")
     cfg = dataclasses.replace(config.resolved(), steps=steps, log_every=1, eval_samples=0, epochs=None)
@@ -311,8 +305,6 @@ def check_peak(config: RunConfig, *, steps: int = 3) -> PeakCheck:
         >>> abs(measured / predicted - 1) < 0.05                                             # doctest: +SKIP
         True
     """
-    from workbench.planner.estimate import estimate
-
     peaks = measure_step_peak(config, steps=steps)
     predicted = estimate(config, device=peaks.device).peak_bytes
     return PeakCheck(predicted, peaks.steady_bytes, max(peaks.tensor_bytes[1:]), peaks.device)
@@ -378,6 +370,4 @@ def measured_snapshot(config: RunConfig, *, steps: int = 3) -> MemorySnapshot:
 
 def snapshot_figure(predicted: MemorySnapshot, measured: MemorySnapshot) -> Any:
     """The two timelines side by side (what memory_viz's Active Memory Timeline stacks)."""
-    from workbench.lessons.figures_memory import snapshot_timelines
-
     return snapshot_timelines({"predicted": predicted, "measured": measured})

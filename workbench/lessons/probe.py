@@ -25,6 +25,10 @@ import torch
 from torch import nn
 
 from workbench.core.config import RunConfig
+from workbench.core.data import load_data
+from workbench.core.models import build_model
+from workbench.core.switches.attention import set_attention
+from workbench.machine import hardware
 
 __all__ = ["Probe", "make_probe", "gradients", "max_relative_difference", "PeakReading", "step_peak", "tensor_peak"]
 
@@ -41,9 +45,6 @@ class Probe:
 
     def new_model(self) -> nn.Module:
         """The model `run()` builds for this config: same seed, so the same weights; in train mode."""
-        from workbench.core.models import build_model
-        from workbench.core.switches.attention import set_attention
-
         model = build_model(self.config.model, data=self.data, dims=self.config.dims, seed=self.config.seed)
         set_attention(model, self.config.attention)  # as run() does
         return model.to(self.inputs.device).train()
@@ -57,9 +58,6 @@ def make_probe(config: RunConfig, *, samples: int) -> Probe:
         >>> tuple(probe.inputs.shape), tuple(probe.labels.shape)
         ((4, 1, 8, 8), (4,))
     """
-    from workbench.core.data import load_data
-    from workbench.machine import hardware
-
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise ValueError(f"samples={samples!r} must be a positive whole number, e.g. samples=8")
     cfg = config.resolved()
@@ -134,6 +132,7 @@ def step_peak(step: Callable[[], Any] | Sequence[Callable[[], Any]], *,
         torch.cuda.synchronize(device)  # a measurement, not the training loop: sync is fine here
         return PeakReading(int(torch.cuda.max_memory_allocated(device)), "CUDA allocator peak")
     try:
+        # lazy: `import torch` does not load mem_tracker (it imports torch._dynamo)
         from torch.distributed._tools.mem_tracker import MemTracker
     except ImportError:  # a private API: absent on some builds; say so rather than guess
         for call in calls:
@@ -163,6 +162,7 @@ def tensor_peak(track: Iterable[nn.Module | torch.optim.Optimizer] = (),
     then `r.result`): the peak of live tensor bytes while the block runs, read by MemTracker.
     `per_module=False`: no per-module statistics (MemTracker refuses a module's second forward
     in one block, a pipeline's micro-batches); the device-wide peak is read all the same."""
+    # lazy: `import torch` does not load mem_tracker (it imports torch._dynamo)
     from torch.distributed._tools.mem_tracker import MemTracker
 
     device = torch.device(device)

@@ -48,6 +48,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 import logging
 import re
@@ -212,8 +213,6 @@ def activation_scales(model: nn.Module) -> list[float]:
 def per_tensor_weights(config: Any) -> Any:
     """A pt2e quantization config (e.g. the x86 default) with one symmetric scale per weight
     tensor instead of one per output row."""
-    import dataclasses
-
     observer = import_torchao("torchao.quantization.pt2e").MinMaxObserver
     weight = dataclasses.replace(config.weight, qscheme=torch.per_tensor_symmetric, ch_axis=None,
                                  observer_or_fake_quant_ctr=observer.with_args(eps=2**-12))

@@ -116,6 +116,7 @@ class Watch:
     is idle (an asyncio task on the kernel's loop: the teacher's other cells still run)."""
 
     def __init__(self, room: Room, every_s: float) -> None:
+        # notebook-only: importing workbench stays free of Jupyter (tests/test_dashboard.py)
         import ipywidgets
 
         self.room, self.every_s = room, every_s
@@ -129,6 +130,7 @@ class Watch:
         """Replace the output's contents in one trait change: from the refresh task, outside any cell's
         execution, clear_output() and append_display_data() left the page showing the first read (seen
         in the browser test: the status said 7 records, the tables 0)."""
+        # notebook-only: importing workbench stays free of Jupyter (tests/test_dashboard.py)
         from IPython.core.interactiveshell import InteractiveShell
 
         formatter = InteractiveShell.instance().display_formatter.format
@@ -178,6 +180,7 @@ class Watch:
             self.task.cancel()
 
     def _ipython_display_(self) -> None:
+        # notebook-only: importing workbench stays free of Jupyter (tests/test_dashboard.py)
         from IPython.display import display
 
         display(self.box)

@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -88,8 +89,6 @@ def trace_ranges(path: str | os.PathLike, names: Sequence[str] = ("forward", "ba
         >>> trace_ranges("runs/08_profile_trace.json")  # doctest: +SKIP
         {'forward': 5, 'backward': 5, 'optimizer': 5}
     """
-    import json
-
     try:
         events = json.loads(open(path, encoding="utf-8").read())["traceEvents"]
     except (ValueError, KeyError, TypeError) as error:

@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors.torch import load_file
+
 from workbench.launching.launch import free_port
 
 __all__ = ["Job", "run_nodes", "check_same_job", "free_port"]
@@ -57,8 +60,6 @@ class Job:
 
     def weights(self) -> dict[str, Any]:
         """The model's tensors in the job's last save."""
-        from safetensors.torch import load_file
-
         last = sorted((self.out / "saves").glob("step_*[0-9]"))[-1]
         return load_file(last / "model.safetensors")
 
@@ -103,8 +104,6 @@ def run_nodes(commands: list[list[str]], out: str | Path, *, env: dict[str, str]
 def check_same_job(restarted: Job, unbroken: Job) -> None:
     """The restarted job ended where the unbroken one did: both finished, every logged loss equal,
     every final weight bit for bit. One line, or an AssertionError saying what differs."""
-    import torch
-
     for name, job in (("restarted", restarted), ("unbroken", unbroken)):
         assert job.codes == [0] * len(job.codes) and job.result, f"the {name} job failed: exit codes {job.codes}"
     assert restarted.resumed_from is not None, "the restarted job never resumed: was a rank killed?"

@@ -26,6 +26,7 @@ import os
 
 from workbench.base.arguments import shown
 from workbench.machine import environment
+from workbench.machine.compile_cache import cpu_flags_line
 
 CPU_CLASS_ENV_VAR = "WORKBENCH_CPU_CLASS"
 CAP_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "FBGEMM_ENABLE_INSTRUCTIONS")
@@ -73,8 +74,6 @@ def presented_note() -> str:
 @functools.cache
 def _proc_cpu_flags() -> frozenset[str]:
     """The instruction-set flags /proc/cpuinfo lists (empty where there is none)."""
-    from workbench.machine.compile_cache import cpu_flags_line
-
     _, _, flags = cpu_flags_line().partition(":")
     return frozenset(flags.split())
 

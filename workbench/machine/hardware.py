@@ -16,9 +16,11 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 
+import psutil
 import torch
 
 from workbench.base.arguments import checked_device
@@ -378,8 +380,6 @@ def cpp_compiler() -> str | None:
         >>> cpp_compiler()  # doctest: +SKIP
         '/usr/bin/g++'
     """
-    import sys
-
     name = os.environ.get("CXX") or ("clang++" if sys.platform == "darwin" else "g++")
     return shutil.which(name)
 
@@ -443,8 +443,6 @@ def hardware_report(device: str = "auto") -> HardwareReport:
         >>> report.precisions["fp32"]
         'native'
     """
-    import psutil
-
     device = checked_device(device)
     precisions = {p: precision_support(device, p) for p in PRECISIONS}
     slowdown = {}

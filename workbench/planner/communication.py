@@ -31,10 +31,13 @@ Example:
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["CollectiveCounter", "wire_bytes"]
 
@@ -63,8 +66,6 @@ def _nbytes(t: torch.Tensor) -> int:
 def _functional_mode(counter: CollectiveCounter) -> Any:
     """A dispatch mode that counts DTensor's functional collectives into `counter` (the full
     tensor: an all-gather's output, the input of the others)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     class Functional(TorchDispatchMode):
         def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
             out = func(*args, **(kwargs or {}))
@@ -97,8 +98,6 @@ class CollectiveCounter:
         self.bytes[kind] = self.bytes.get(kind, 0) + nbytes
 
     def _wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        import inspect
-
         kind, arg = _WRAPPED[name]
         position = list(inspect.signature(fn).parameters).index(arg)
 
@@ -111,8 +110,6 @@ class CollectiveCounter:
         return counted
 
     def __enter__(self) -> CollectiveCounter:
-        import torch.distributed as dist
-
         for name in _WRAPPED:
             if hasattr(dist, name):
                 self._saved[name] = getattr(dist, name)
@@ -121,8 +118,6 @@ class CollectiveCounter:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        import torch.distributed as dist
-
         self._mode.__exit__(*exc)
         for name, fn in self._saved.items():
             setattr(dist, name, fn)

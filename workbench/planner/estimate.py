@@ -48,6 +48,7 @@ from workbench.core.config import RunConfig, run_config
 from workbench.core.data import DATASETS
 from workbench.core.models import MODEL_SPECS
 from workbench.core.switches import activation_checkpointing, attention, gradient_accumulation, sharding, trainable
+from workbench.machine import hardware
 from workbench.planner import fakecuda, fakestate, fakestep
 from workbench.planner.fakemodel import ModuleKey, cannot_trace, fake_mode, own_spec_key
 
@@ -259,10 +260,8 @@ def estimate(config: RunConfig, *, vocab_size: int | None = None, device: str | 
         >>> est.activation_bytes   # 64 samples x 5,232 B + one 4-byte loss scalar
         334852
     """
-    from workbench.machine.hardware import gpu_info, resolve_device
-
     cfg = run_config(config)
-    device = device or resolve_device(cfg.device)
+    device = device or hardware.resolve_device(cfg.device)
     if device not in ("cpu", "cuda"):
         raise ArgumentError(f"device={shown(device)}: estimate() models 'cpu' or 'cuda'")
     whole_number("processes", processes, most=MOST_PROCESSES, example="processes=2")
@@ -296,7 +295,7 @@ def estimate(config: RunConfig, *, vocab_size: int | None = None, device: str | 
         peak, where = end + state.optimizer_step_bytes, "optimizer step"
     runtime = 0
     if device == "cuda":  # the forward's thread and autograd's each have a cuBLAS handle and workspace
-        info = gpu_info()
+        info = hardware.gpu_info()
         runtime = 2 * fakecuda.cublas_workspace_bytes(info.compute_capability if info else None)
     groups = []
     for micro, ops in enumerate(sim.ops, 1):  # one scaled group's ops: its forward and its backward
@@ -325,6 +324,7 @@ def accelerate_estimate(config: RunConfig, *, vocab_size: int | None = None) -> 
 
     Returns: {'total_size', 'largest_layer', 'model', 'gradients', 'optimizer', 'step', 'training'}.
     """
+    # lazy: accelerate's estimator loads half a second of modules; only this comparison needs it
     from accelerate.commands.estimate import estimate_training_usage
     from accelerate.utils import calculate_maximum_sizes
 

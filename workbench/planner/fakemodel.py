@@ -30,14 +30,13 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
 
 __all__ = ["CannotTrace", "ModuleKey", "fake_copy", "fake_mode", "own_spec_key"]
 
 
 @functools.cache
 def fake_mode():
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     # Plain CPU fake tensors: CPU autocast applies to them (it would not to 'meta' ones).
     # One mode for every estimate: it caches each op's output shapes.
     return FakeTensorMode(allow_non_fake_inputs=False)
@@ -93,11 +92,6 @@ def fake_copy(module: nn.Module) -> nn.Module:
 
 
 def _data_dependent(error: BaseException) -> bool:
-    from torch._subclasses.fake_tensor import (
-        DataDependentOutputException,
-        DynamicOutputShapeException,
-    )
-
     real_tensor = isinstance(error, AssertionError) and "FakeTensor" in str(error)  # a global real tensor
     return real_tensor or isinstance(error, (DataDependentOutputException, DynamicOutputShapeException))
 

@@ -22,8 +22,15 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import DataDependentOutputException
 
-from workbench.core.switches.trainable import ALL_TRAIN, FIELDS
+from workbench.core.config import RunConfig
+from workbench.core.measure.counters import _held, gradient_bytes, optimizer_state_bytes, parameter_bytes, shard_rows
+from workbench.core.measure.flops import FlopCounter
+from workbench.core.models import build_model
+from workbench.core.switches.attention import set_attention
+from workbench.core.switches.optimizer import make_optimizer
+from workbench.core.switches.trainable import ALL_TRAIN, FIELDS, freeze_parts, lora_shapes
 from workbench.planner.fakecuda import device_bytes
 from workbench.planner.fakemodel import ModuleKey, fake_copy, fake_mode
 from workbench.planner.live import CUDA_BLOCK_BYTES, LiveTensors
@@ -35,9 +42,6 @@ def build(model_name: str | ModuleKey, spec_key: tuple, dims: tuple) -> nn.Modul
     """The model on fake tensors (call inside `fake_mode()`): a built-in one by name, or a copy
     of the learner's module (`ModuleKey`). `dims` may carry the GPT's `attention` ('explicit' or
     'sdpa', RunConfig.attention) beside its sizes."""
-    from workbench.core.models import build_model
-    from workbench.core.switches.attention import set_attention
-
     if isinstance(model_name, ModuleKey):
         return fake_copy(model_name.module())
 
@@ -84,10 +88,6 @@ def model_state(model_name: str, spec_key: tuple, dims: tuple, optimizer: str, w
 
     `trainable`: the values of switches.trainable.FIELDS (freezing, LoRA) applied; `shard` = (processes,
     rank): the bytes that rank holds when the model state is sharded (sharding='full')."""
-    from workbench.core.config import RunConfig
-    from workbench.core.measure.counters import gradient_bytes, optimizer_state_bytes, parameter_bytes, shard_rows
-    from workbench.core.switches.optimizer import make_optimizer
-
     if optimizer == "adamw8bit":
         # Its 256-entry lookup tables are built from Python lists, which fake tensors cannot
         # be: build them (torchao caches them) before entering the fake mode.
@@ -132,8 +132,6 @@ def _parameters_to_hold(model: nn.Module, choice: SimpleNamespace) -> list[nn.Pa
     """The model's parameters with freezing applied, or, with LoRA, every weight frozen plus the
     adapters: peft cannot wrap fake tensors (its .to() swaps them), so LoRA's A and B matrices
     are made here, of exactly the shapes peft adds (trainable.lora_shapes)."""
-    from workbench.core.switches.trainable import freeze_parts, lora_shapes
-
     every = list(model.parameters())
     if choice.lora_rank:
         model.requires_grad_(False)
@@ -148,10 +146,6 @@ def _optimizer_steps(opt: torch.optim.Optimizer, params: list[nn.Parameter], res
                      clip: bool, foreach: bool, device: str) -> tuple[int, int, tuple[tuple[int, int, str], ...]]:
     """Two optimizer steps: the first makes the state, the second (clipping first) is replayed;
     (resident bytes of `resident` and the state, peak of the second step's temporaries, its ops)."""
-    from torch._subclasses.fake_tensor import DataDependentOutputException
-
-    from workbench.core.measure.flops import FlopCounter
-
     live = LiveTensors(round_to=CUDA_BLOCK_BYTES if device == "cuda" else 1)
     ops = FlopCounter(record_ops=True)
     try:
@@ -173,8 +167,6 @@ def _optimizer_steps(opt: torch.optim.Optimizer, params: list[nn.Parameter], res
 def _resident_bytes(tensors: list[torch.Tensor], opt: torch.optim.Optimizer, device: str, *, host_steps: bool) -> int:
     """Device bytes of `tensors` and of the optimizer's state, each storage once (`host_steps`:
     without the `step` counters, which torch keeps on the host)."""
-    from workbench.core.measure.counters import _held
-
     state = [leaf for s in opt.state.values() for k, v in s.items()
              if isinstance(v, torch.Tensor) and not (host_steps and k == "step") for leaf in _held(v)]
     return (sum(device_bytes(n, device) for n in _storages(tensors).values())

@@ -47,7 +47,10 @@ import torch
 from torch import nn
 
 from workbench.base.precisions import AUTOCAST_DTYPES
+from workbench.core.measure.counters import SavedActivationCounter
+from workbench.core.measure.flops import FlopCounter
 from workbench.core.measure.meters import LOSS_WINDOW_SLOTS
+from workbench.core.models import loss_fn
 from workbench.core.switches.activation_checkpointing import set_activation_checkpointing
 from workbench.planner.fakecuda import CudaAutocastPolicy, run_backward
 from workbench.planner.fakemodel import fake_mode, sample
@@ -194,9 +197,6 @@ def _replay(model_name: str, spec_key: tuple, dims: tuple, precision: str, check
     micro-batch number). `group` > 0 (GPT): the first two groups of `group` blocks marked too.
     """
     micro_batches = 2
-    from workbench.core.measure.counters import SavedActivationCounter
-    from workbench.core.measure.flops import FlopCounter
-    from workbench.core.models import loss_fn
 
     with fake_mode():
         model = build(model_name, spec_key, dims)

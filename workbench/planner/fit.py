@@ -32,6 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import psutil
+
 try:
     import resource
 except ImportError:  # Windows: no rlimits to hold a run against
@@ -42,7 +44,9 @@ from workbench.core.config import ConfigError, RunConfig
 from workbench.core.data import DATASETS
 from workbench.core.measure.counters import gpt_activation_bytes_formula
 from workbench.core.measure.meters import status_bytes
-from workbench.core.models import MODEL_SPECS
+from workbench.core.models import MODEL_SPECS, pretrained_config
+from workbench.machine import hardware
+from workbench.planner.estimate import estimate
 
 __all__ = ["DoesNotFit", "Need", "cgroup_memory_left", "check_fits", "floor_bytes", "free_bytes", "need_bytes"]
 
@@ -112,8 +116,6 @@ def cgroup_memory_left(proc: str = "/proc/self/cgroup", root: str = "/sys/fs/cgr
 
 def free_bytes() -> int | None:
     """Memory this process can still allocate (the least of the OS, cgroup and rlimit figures)."""
-    import psutil
-
     figures = [psutil.virtual_memory().available, *cgroup_memory_left()]
     for which, field in ((resource.RLIMIT_AS, "VmSize"), (resource.RLIMIT_DATA, "VmData")) if resource else ():
         soft, _ = resource.getrlimit(which)
@@ -130,8 +132,6 @@ def _parameters(cfg: RunConfig) -> tuple[int, int]:
     """(parameter count, buffer bytes) of the config's model, in closed form."""
     dims, model = cfg.dims, cfg.model
     if model == "minilm":
-        from workbench.core.models import pretrained_config
-
         c = pretrained_config()
         h, inner, layers = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
         embeddings = (c["vocab_size"] + c["max_position_embeddings"] + c["type_vocab_size"]) * h + 2 * h
@@ -204,8 +204,6 @@ def _minilm_layer_bytes(cfg: RunConfig) -> tuple[int, int]:
     counted, 12.70 MB measured (the pooler and head keep the rest). At longer sequences sdpa
     takes kernels that keep less (b=16, s=128: 575 MB measured, 743 MB counted; b=8, s=256:
     802 MB against 1,196 MB), so the count is a bound."""
-    from workbench.core.models import pretrained_config
-
     c = pretrained_config()
     s, b = cfg.seq_len, cfg.batch_size
     h, a = c["hidden_size"], c["num_attention_heads"]
@@ -233,7 +231,6 @@ def need_bytes(cfg: RunConfig) -> Need | None:
     """The estimate of one process's peak (None when it cannot be estimated offline)."""
     if cfg.model == "minilm":
         return _minilm_bound(cfg)
-    from workbench.planner.estimate import estimate
 
     try:
         est = estimate(cfg)
@@ -270,8 +267,6 @@ def _fix(cfg: RunConfig, need: Need) -> str:
 def check_fits(config: RunConfig, *, processes: int = 1) -> None:
     """Raise DoesNotFit (a ConfigError) when `processes` copies of this run cannot fit the
     memory free now, with the estimate by part and the fix."""
-    from workbench.machine import hardware
-
     cfg = config.resolved()
     free = free_bytes()
     hub = isinstance(cfg.data, str) and cfg.data not in DATASETS

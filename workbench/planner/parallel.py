@@ -37,7 +37,9 @@ from workbench.core.config import RunConfig, run_config
 from workbench.core.custom import shown_model
 from workbench.core.measure.counters import shard_rows
 from workbench.planner.communication import wire_bytes
-from workbench.planner.fakemodel import cannot_trace
+from workbench.planner.estimate import _freeze, _spec_key, input_spec, model_key
+from workbench.planner.fakemodel import cannot_trace, fake_mode
+from workbench.planner.fakestate import build
 from workbench.planner.heartbeat import Heartbeat
 from workbench.planner.parallel_replay import (  # noqa: F401 - the replay's parts, as tests and the measured runs call them
     RankFigures,
@@ -49,6 +51,7 @@ from workbench.planner.parallel_replay import (  # noqa: F401 - the replay's par
     steady_step,
     wrap,
 )
+from workbench.planner.parallelize import stage_layers
 
 __all__ = ["STRATEGIES", "Cluster", "ParallelPlan", "ParallelPlans", "parallel_step", "plan_parallel", "replay"]
 
@@ -168,10 +171,6 @@ class ParallelPlans(Report, tuple):
 
 def _rows(config: RunConfig) -> list[int]:
     """The first dimension of every parameter: what FSDP2 splits."""
-    from workbench.planner.estimate import _freeze, _spec_key, input_spec, model_key
-    from workbench.planner.fakemodel import fake_mode
-    from workbench.planner.fakestate import build
-
     cfg = config.resolved()
     key = model_key(cfg)
     with fake_mode():
@@ -183,8 +182,6 @@ def _shares(config: RunConfig, strategy: str, processes: int, tp: int) -> list[t
     replay serves both): the rows FSDP2 gives each parameter (under TP, of its whole or its
     1/tp first dimension, whichever it has); TP alone splits evenly (every rank alike)."""
     if strategy == "pp":  # the first and last stages differ; middle ones by their blocks
-        from workbench.planner.parallelize import stage_layers
-
         layers = stage_layers(config.resolved().dims["n_layer"], processes)
         return [(r == 0, r == processes - 1, len(layers[r])) for r in range(processes)]
     if "fsdp" not in strategy.split("+"):

@@ -31,12 +31,24 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from workbench.core.config import RunConfig
 from workbench.core.measure.counters import gradient_bytes, optimizer_state_bytes, parameter_bytes
+from workbench.core.models import loss_fn
+from workbench.core.switches.optimizer import make_optimizer
+from workbench.core.switches.sharding import shard_model
+from workbench.planner import parallelize
 from workbench.planner.communication import CollectiveCounter
+from workbench.planner.estimate import _freeze, _spec_key, input_spec, model_key
+from workbench.planner.fakemodel import fake_mode
+from workbench.planner.fakestate import build
+from workbench.planner.fakestep import _inputs
 from workbench.planner.live import LiveTensors
+from workbench.planner.parallelize import pipeline_stages, sync_tied_grads, tensor_parallel
 
 __all__ = ["RankFigures", "make_mesh", "parallel_step", "plain_backward", "replay", "steady_step", "wrap"]
 
@@ -60,8 +72,6 @@ class RankFigures:
 
 def ddp_buckets(model: nn.Module) -> list[torch.Tensor]:
     """Flat gradient buffers laid out as DDP lays them out (its default caps, reverse order)."""
-    import torch.distributed as dist
-
     params = [p for p in model.parameters() if p.requires_grad][::-1]
     buckets, _ = dist._compute_bucket_assignment_by_size(params, list(DDP_BUCKET_BYTES), [False] * len(params))
     return [torch.zeros(sum(params[i].numel() for i in bucket), dtype=params[bucket[0]].dtype) for bucket in buckets]
@@ -69,8 +79,6 @@ def ddp_buckets(model: nn.Module) -> list[torch.Tensor]:
 
 def make_mesh(strategy: str, processes: int, tp: int) -> Any:
     """The device mesh `strategy` runs on: 1-D over every process, or ('dp', 'tp') for FSDP x TP."""
-    from torch.distributed.device_mesh import init_device_mesh
-
     if strategy == "fsdp+tp":
         return init_device_mesh("cpu", (processes // tp, tp), mesh_dim_names=("dp", "tp"))
     return init_device_mesh("cpu", (processes,))
@@ -79,10 +87,6 @@ def make_mesh(strategy: str, processes: int, tp: int) -> Any:
 def plain_backward(model: nn.Module, buckets: list[torch.Tensor] = ()) -> Callable[[dict], None]:
     """Forward, loss and backward of a whole batch; then each of `buckets` all-reduced, as DDP's
     reducer does with the gradients it copied in (dp)."""
-    import torch.distributed as dist
-
-    from workbench.core.models import loss_fn
-
     def backward(batch: dict[str, torch.Tensor]) -> None:
         loss_fn(model(batch["inputs"]), batch["labels"]).backward()
         for bucket in buckets:
@@ -94,11 +98,8 @@ def plain_backward(model: nn.Module, buckets: list[torch.Tensor] = ()) -> Callab
 def pipeline(model: nn.Module, mesh: Any, cfg: RunConfig) -> tuple[nn.Module, Callable[[dict], None]]:
     """This rank's pipeline stage (planner.parallelize.pipeline_stages) under GPipe with as many
     micro-batches as stages; its shapes given up front (no metadata exchanged)."""
-    import torch.distributed as dist
+    # lazy: `import torch` does not load pipelining (torch._dynamo, half a second)
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
-
-    from workbench.core.models import loss_fn
-    from workbench.planner.parallelize import pipeline_stages, sync_tied_grads
 
     stages, rank = mesh.size(), dist.get_rank()
     stage = pipeline_stages(model, stages, rank)
@@ -123,6 +124,7 @@ def _vote_alone(schedule: Any) -> None:
     """The schedule's first step has the stages vote, over the wire, whether their shapes are known
     up front, and reads the result's value: a fake peer sends nothing. Every stage here has
     the same kind of shapes (given, plain tensors), so its own vote is everyone's."""
+    # lazy: `import torch` does not load pipelining (torch._dynamo, half a second)
     from torch.distributed.pipelining._utils import InferenceMode
 
     def vote(stages: list, has_backward: bool, p2p_done: bool) -> None:
@@ -137,9 +139,6 @@ def wrap(model: nn.Module, strategy: str, mesh: Any, cfg: RunConfig) -> tuple[nn
     """The model as `strategy` runs it on this rank (what the optimizer holds), and its step's
     forward and backward. FSDP x TP: blocks split by tensor along a row of the mesh, then
     sharded down its columns."""
-    from workbench.core.switches.sharding import shard_model
-    from workbench.planner.parallelize import tensor_parallel
-
     if strategy == "dp":
         return model, plain_backward(model, ddp_buckets(model))
     if strategy == "pp":
@@ -170,8 +169,6 @@ def steady_step(build: Callable[[], nn.Module], cfg: RunConfig, strategy: str, m
                 wrapper: Wrapper = wrap) -> RankFigures:
     """Build, wrap and train two steps under the counters; the second step's figures. The
     measured runs (real tensors, a gloo group) call this too, with DDP itself as `wrapper`."""
-    from workbench.core.switches.optimizer import make_optimizer
-
     with LiveTensors() as live:
         model, backward = wrapper(build(), strategy, mesh, cfg)
         optimizer = make_optimizer(model, cfg)
@@ -184,8 +181,6 @@ def steady_step(build: Callable[[], nn.Module], cfg: RunConfig, strategy: str, m
 
 def outside_a_process_group() -> None:
     """The replay makes a (fake) process group of its own: none may be up already."""
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         raise RuntimeError("plan_parallel() replays a world of its own; call it outside a launched process")
 
@@ -193,7 +188,7 @@ def outside_a_process_group() -> None:
 @contextlib.contextmanager
 def fake_world(strategy: str, processes: int, rank: int, tp: int) -> Iterator[Any]:
     """This process as rank `rank` of a fake world of `processes`: the strategy's device mesh."""
-    import torch.distributed as dist
+    # lazy: torch's test helpers only for the replay (they import torch._dynamo)
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     outside_a_process_group()
@@ -202,8 +197,6 @@ def fake_world(strategy: str, processes: int, rank: int, tp: int) -> Iterator[An
         with _meshes_on_real_tensors(), _one_chunk_at_a_time():
             yield make_mesh(strategy, processes, tp)  # made outside fake mode: it reads its ranks' values
     finally:
-        from workbench.planner import parallelize
-
         parallelize._TIED_GROUPS.clear()  # its cached head-and-embedding group died with this world
         dist.destroy_process_group()
 
@@ -236,6 +229,7 @@ def _one_chunk_at_a_time() -> Iterator[None]:
     this loaded 2-core machine), and 4,096 ranks took hours. In the replay a chunk is made when
     FSDP2 asks for it, as torch.chunk makes it (tests/test_plan_parallel.py holds the replay to
     real FSDP2 on gloo processes)."""
+    # lazy: `import torch` does not load FSDP (600 modules, half a second)
     from torch.distributed.fsdp._fully_shard import _fsdp_param
 
     every = getattr(_fsdp_param, "_chunk_with_empty", None)
@@ -253,9 +247,6 @@ def _one_chunk_at_a_time() -> Iterator[None]:
 def _meshes_on_real_tensors() -> Iterator[None]:
     """FSDP2 over a TP model joins the two meshes (`DeviceMesh._concatenate`), indexing a real
     tensor of ranks, inside the replay's fake mode: there it runs with fake mode set aside."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-    from torch.distributed.device_mesh import DeviceMesh
-
     join = DeviceMesh._concatenate
 
     def joined(meshes: list) -> Any:
@@ -271,11 +262,6 @@ def _meshes_on_real_tensors() -> Iterator[None]:
 
 def replay(config: RunConfig, strategy: str, processes: int, rank: int = 0, tp: int = 2) -> RankFigures:
     """Rank `rank`'s figures of `strategy` over `processes`, on fake tensors in a fake world."""
-    from workbench.planner.estimate import _freeze, _spec_key, input_spec, model_key
-    from workbench.planner.fakemodel import fake_mode
-    from workbench.planner.fakestate import build
-    from workbench.planner.fakestep import _inputs
-
     cfg = config.resolved()
     key = model_key(cfg)
     spec = _spec_key(input_spec(cfg), key)

@@ -30,6 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from workbench.core.models import GPT
@@ -72,6 +73,7 @@ def tensor_parallel_plan(sequence_parallel: bool = False) -> dict[str, Any]:
     q/k/v and the MLP's up projection column-wise, the attention's output and the MLP's down
     projection row-wise; with `sequence_parallel`, the norms split along the sequence and
     the block's input and output sequence-sharded."""
+    # lazy: `import torch` does not load DTensor (with FSDP, half a second)
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -99,6 +101,7 @@ def tensor_parallel(model: GPT, mesh: Any, sequence_parallel: bool = False) -> G
     block matrices as DTensor shards. The embeddings, the final norm and the tied head stay
     whole in every process (replicated). With `sequence_parallel` the residual stream
     between the first block and the final norm is split along the sequence (dim 1)."""
+    # lazy: `import torch` does not load DTensor (with FSDP, half a second)
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import PrepareModuleInput, parallelize_module
 
@@ -135,6 +138,7 @@ def _reduce_norm_grads_once(model: GPT) -> None:
     the sequence): sum it across the processes once, as soon as backward has made it (Megatron's
     all-reduce of the sequence-parallel gradients). Left partial, the optimizer's DTensor ops
     would all-reduce it again in each op that reads it (measured: 3 times a step in AdamW)."""
+    # lazy: `import torch` does not load DTensor (with FSDP, half a second)
     from torch.distributed.tensor import Replicate
 
     def reduce(p: nn.Parameter) -> None:
@@ -199,8 +203,6 @@ _TIED_GROUPS: dict[tuple[int, int], Any] = {}
 def sync_tied_grads(stage: PipelineStageModule, n_stages: int) -> None:
     """Sum the tied embedding/head weight's gradient over the first and last stages (Megatron's
     embedding all-reduce). Every process calls it after backward, in the same order."""
-    import torch.distributed as dist
-
     if n_stages == 1:
         return
     key = (0, n_stages - 1)

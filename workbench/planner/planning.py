@@ -38,8 +38,10 @@ from workbench.base.arguments import ArgumentError, flag, instance, listed, show
 from workbench.base.precisions import PRECISIONS
 from workbench.base.report import Report, format_bytes
 from workbench.core.config import ConfigError, RunConfig, run_config
+from workbench.machine import hardware
 from workbench.planner.choices import choices, is_whole
 from workbench.planner.estimate import Estimate, estimate
+from workbench.planner.roofline import MeasuredHere, Roofline
 
 __all__ = ["Target", "Plan", "Plans", "plan", "explain"]
 
@@ -77,8 +79,6 @@ class Target:
 
     @property
     def speed_model(self) -> Any:
-        from workbench.planner.roofline import Roofline
-
         return self.speed or Roofline(self.peak_flops, None)
 
     @classmethod
@@ -92,20 +92,19 @@ class Target:
         max_memory_allocated sat 0.6-2.8% above it for every run whose peak was a training step
         (docs/gpu-reference, "Re-read offline"), plus allocator fragmentation.
         """
-        from workbench.machine.hardware import GPU_SPECS, gpu_spec_key, tf32_enabled
-
-        key = gpu_spec_key(name) if isinstance(name, str) else None
+        key = hardware.gpu_spec_key(name) if isinstance(name, str) else None
         if key is None:
-            raise ArgumentError(f"GPU {shown(name)} is not in hardware.GPU_SPECS; use one of {sorted(GPU_SPECS)}")
+            raise ArgumentError(f"GPU {shown(name)} is not in hardware.GPU_SPECS; "
+                                f"use one of {sorted(hardware.GPU_SPECS)}")
         if not is_whole(memory_bytes) or memory_bytes < 1 or not (isinstance(headroom, (int, float)) and 0 <= headroom < 1):
             raise ValueError(f"memory_bytes={memory_bytes!r} must be a whole number of bytes >= 1 and "
                              f"headroom={headroom!r} in [0, 1); pass e.g. memory_bytes=40 * 2**30")
-        tf32 = tf32_enabled() if tf32 is None else flag("tf32", tf32)
+        tf32 = hardware.tf32_enabled() if tf32 is None else flag("tf32", tf32)
         speed = _roofline(key, tf32=tf32)
         peaks = dict(speed.peaks)
         if "bf16" in peaks:  # same memory and speed as fp16 where both exist, and no loss scaling
             peaks.pop("fp16", None)
-        fp32 = "fp32 on TF32" if tf32 and "tf32" in GPU_SPECS[key].tflops else "fp32 without TF32"
+        fp32 = "fp32 on TF32" if tf32 and "tf32" in hardware.GPU_SPECS[key].tflops else "fp32 without TF32"
         return cls(f"{key} ({format_bytes(memory_bytes)}; {fp32})", memory_bytes, peaks, headroom, speed=speed,
                    device="cuda")
 
@@ -118,21 +117,18 @@ class Target:
         A precision this machine emulates stays in (it is slow here, and the timing shows it);
         one it cannot run is left out.
         """
-        from workbench.machine.hardware import peak_flops, precision_support, resolve_device
-        from workbench.planner.roofline import MeasuredHere
-
         if not is_whole(memory_budget_bytes) or memory_budget_bytes < 1:
             raise ValueError(f"memory_budget_bytes={memory_budget_bytes!r} must be a whole number of bytes >= 1; "
                              "pass e.g. 16 * 2**20")
-        device = resolve_device("auto")
+        device = hardware.resolve_device("auto")
         precisions = listed("precisions", precisions, "precisions=('fp32', 'bf16')")
         if bad := [p for p in precisions if p not in PRECISIONS]:
             raise ArgumentError(f"precisions {bad} are not known; use some of {list(PRECISIONS)}")
-        usable = [p for p in precisions if precision_support(device, p) != "unsupported"]
+        usable = [p for p in precisions if hardware.precision_support(device, p) != "unsupported"]
         if not usable:
             raise ValueError(f"none of {precisions} can run on this {device}; pass e.g. precisions=('fp32',)")
         # The reference peak where there is one (an emulated dtype has none: 0 here).
-        peaks = {p: peak_flops(device, p)[0] or 0.0 for p in usable}
+        peaks = {p: hardware.peak_flops(device, p)[0] or 0.0 for p in usable}
         speed = MeasuredHere() if device == "cpu" else _gpu_roofline()
         return cls(f"this {device.upper() if device == 'cpu' else 'GPU'} (simulated budget "
                    f"{format_bytes(memory_budget_bytes)})", memory_budget_bytes, peaks, 0.0, simulated=True,
@@ -149,10 +145,7 @@ class Target:
 def _roofline(key: str, *, tf32: bool) -> Any:
     """A roofline from GPU_SPECS[key]: its dense peaks (fp32 matmuls on TF32 if `tf32` and the
     card has it) and its memory bandwidth."""
-    from workbench.machine.hardware import GPU_SPECS
-    from workbench.planner.roofline import Roofline
-
-    spec = GPU_SPECS[key]
+    spec = hardware.GPU_SPECS[key]
     peaks = {p: t * 1e12 for p, t in spec.tflops.items() if p != "tf32"}
     if tf32 and "tf32" in spec.tflops:
         peaks["fp32"] = spec.tflops["tf32"] * 1e12
@@ -161,11 +154,9 @@ def _roofline(key: str, *, tf32: bool) -> Any:
 
 def _gpu_roofline() -> Any:
     """This GPU's roofline from its data sheet, or None (FLOPs at peak) for a card not in it."""
-    from workbench.machine.hardware import gpu_info, gpu_spec_key, tf32_enabled
-
-    info = gpu_info()
-    key = info and gpu_spec_key(info.name)
-    return _roofline(key, tf32=tf32_enabled()) if key else None
+    info = hardware.gpu_info()
+    key = info and hardware.gpu_spec_key(info.name)
+    return _roofline(key, tf32=hardware.tf32_enabled()) if key else None
 
 
 @dataclass(frozen=True, slots=True)

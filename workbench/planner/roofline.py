@@ -30,8 +30,12 @@ from typing import Any, Protocol
 
 import torch
 
+from workbench.base.precisions import AUTOCAST_DTYPES
 from workbench.core import custom
-from workbench.planner.estimate import Estimate
+from workbench.core.models import build_model, loss_fn
+from workbench.core.switches.activation_checkpointing import set_activation_checkpointing
+from workbench.core.switches.optimizer import make_optimizer
+from workbench.planner.estimate import Estimate, input_spec, model_key
 
 __all__ = ["MeasuredHere", "Roofline", "SpeedModel"]
 
@@ -90,12 +94,6 @@ class MeasuredHere:
         return cfg.grad_accum_steps * self._micro[micro] + self._optimizer[opt]
 
     def _time(self, cfg: Any, vocab_size: int | None, *, optimizer_step: bool) -> float:
-        from workbench.base.precisions import AUTOCAST_DTYPES
-        from workbench.core.models import build_model, loss_fn
-        from workbench.core.switches.activation_checkpointing import set_activation_checkpointing
-        from workbench.core.switches.optimizer import make_optimizer
-        from workbench.planner.estimate import input_spec
-
         spec = input_spec(cfg, vocab_size=vocab_size)
         with torch.random.fork_rng():  # timing must not move the global RNG the runs draw from
             key = _shape_key(cfg, vocab_size)
@@ -140,8 +138,6 @@ class MeasuredHere:
 
 def _shape_key(cfg: Any, vocab_size: int | None) -> tuple:
     """What fixes the model and its inputs' shapes (a dataset passed in: by identity)."""
-    from workbench.planner.estimate import model_key
-
     data = cfg.data if isinstance(cfg.data, str) else id(cfg.data)
     return model_key(cfg), data, cfg.seq_len, repr(cfg.dims), vocab_size
 

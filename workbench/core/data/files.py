@@ -74,6 +74,7 @@ def write_image_files(images: np.ndarray, labels: Sequence[int], root: str | Pat
         >>> files.paths
         ('0/00000.jpg', '1/00001.jpg')
     """
+    # lazy: Pillow only when images are read
     from PIL import Image
 
     if format not in FORMATS:
@@ -130,6 +131,7 @@ def mnist_image_files(format: str = "jpeg") -> ImageFiles:
 def prepare_image(image: Any, *, top: int | None = None, left: int | None = None) -> torch.Tensor:
     """One image's CPU work after decoding: greyscale, resize to 32x32, crop 28x28
     (centre unless top/left are given), normalise -> float32 (1, 28, 28)."""
+    # lazy: Pillow only when images are read
     from PIL import Image
 
     x = np.asarray(image.convert("L").resize((RESIZE, RESIZE), Image.BILINEAR), dtype=np.float32)
@@ -178,6 +180,7 @@ class ImageFileDataset(Dataset):
         return len(self.files)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        # lazy: Pillow only when images are read
         from PIL import Image
 
         path = self.files.root / self.files.paths[index]

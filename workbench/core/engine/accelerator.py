@@ -14,6 +14,10 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import accelerate.optimizer as accelerate_optimizer
+from accelerate import Accelerator
+from accelerate.state import AcceleratorState, GradientState, PartialState
+
 from workbench.core.switches import data_loading, gradient_accumulation, precision
 from workbench.machine import hardware
 
@@ -24,8 +28,6 @@ def reset_accelerate_state(*, keep_process_group: bool | None = None) -> None:
     Under a distributed launch the process group must survive (only the per-run part is
     reset); by default that is decided from the state itself.
     """
-    from accelerate.state import AcceleratorState, GradientState, PartialState
-
     if keep_process_group is None:
         keep_process_group = PartialState._shared_state.get("num_processes", 1) > 1
     AcceleratorState._reset_state(reset_partial_state=not keep_process_group)
@@ -37,8 +39,6 @@ def _cache_accelerate_package_check() -> None:
     optimizer.step(): ~160 µs a step, 2% of a small model's 7 ms step, measured with
     cProfile. Installed packages do not change during a run, so the answer is cached,
     in accelerate.optimizer's namespace only."""
-    import accelerate.optimizer as accelerate_optimizer
-
     check = accelerate_optimizer.is_lomo_available
     if not hasattr(check, "cache_info"):
         accelerate_optimizer.is_lomo_available = functools.cache(check)
@@ -46,8 +46,6 @@ def _cache_accelerate_package_check() -> None:
 
 def make_accelerator(cfg: Any) -> Any:
     """A fresh Accelerator for this (resolved) RunConfig."""
-    from accelerate import Accelerator
-
     _cache_accelerate_package_check()
     device = hardware.resolve_device(cfg.device)
     reset_accelerate_state()

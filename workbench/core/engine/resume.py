@@ -51,9 +51,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from accelerate.data_loader import get_sampler
+from accelerate.utils import broadcast_object_list, load
 
 from workbench.base.report import format_bytes
 from workbench.core.config import ConfigError, RunConfig
+from workbench.core.measure.counters import parameter_bytes
 
 LOOP_FILE = "workbench_loop.json"
 _STEP = re.compile(r"step_(\d{6,})")
@@ -84,8 +87,6 @@ def _shuffle_generator(loader: Any) -> torch.Generator | None:
     several processes the sampler sits behind accelerate's BatchSamplerShard, where `get_sampler`
     finds none: the generator is then the loader's `synchronized_generator` (measured: without it
     no shuffle state was saved, and a 2-process resume past the first epoch drew another order)."""
-    from accelerate.data_loader import get_sampler
-
     synced = getattr(loader, "synchronized_generator", None)
     return synced if synced is not None else getattr(get_sampler(loader), "generator", None)
 
@@ -192,8 +193,6 @@ def _verify_files(path: Path, record: dict[str, Any], rank: int) -> None:
 def _rng_notes(path: Path, rank: int) -> list[str]:
     """accelerate skips an RNG file it cannot load, quietly, and the resume is then not exact:
     load it here first, so a bad one is an error and a missing CUDA state is said."""
-    from accelerate.utils import load
-
     name = f"random_states_{rank}.pkl"
     try:
         states = load(path / name)
@@ -231,8 +230,6 @@ def check_folder(accelerator: Any, cfg: RunConfig, state: Any, *, from_step: int
     failed only at the last step, after all the training)."""
     root = Path(cfg.save_state_dir)
     if accelerator.num_processes > 1:  # one id for the run: every process names the same folders
-        from accelerate.utils import broadcast_object_list
-
         state.run_id = broadcast_object_list([state.run_id])[0]
     for folder in _steps(root, complete=False):
         owner = _owner(folder)
@@ -264,7 +261,6 @@ def check_disk_space(accelerator: Any, cfg: RunConfig, state: Any, model: Any) -
     root = Path(cfg.save_state_dir)
     every = cfg.save_every or cfg.steps
     saves = cfg.steps // every - state.step // every + (1 if cfg.steps % every else 0)
-    from workbench.core.measure.counters import parameter_bytes
 
     # Weights, and the optimizer's fp32 moments: one (SGD momentum) or two (Adam) per weight.
     size = parameter_bytes(model) * (2 if cfg.optimizer == "sgd" else 3)

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from workbench.core.config import RunConfig
+from workbench.core.data import build_dataloader
 from workbench.core.engine import resume
 from workbench.core.measure.meters import LOSS_WINDOW_SLOTS
 from workbench.core.measure.recorder import Recorder
@@ -111,8 +112,6 @@ def evaluate(accelerator, model, dataset, cfg: RunConfig, *, collate_fn=None) ->
     plan (GPT, 85.6M parameters, 512 tokens) peaked at 4,056,432,128 bytes, within 1% of the
     replayed evaluation at 64 sequences (fp32, no grad: 4,017,502,208 with the model state) and
     1.25x the replayed training step (3,238,283,776); at 4 sequences that evaluation needs 1.28 GB."""
-    from workbench.core.data import build_dataloader
-
     plain = accelerator.unwrap_model(model, keep_fp32_wrapper=False)
     plain.eval()
     # Uneven shares across processes: with accelerate's default (even_batches) the last

@@ -19,9 +19,12 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
 from typing import Any
 
+from accelerate.utils import send_to_device
+
 from workbench.base.arguments import flag, label
 from workbench.core import custom
 from workbench.core.config import RunConfig, run_config
+from workbench.core.data.load import raise_held_interrupt
 from workbench.core.engine import resume
 from workbench.core.engine.accelerator import make_accelerator
 from workbench.core.engine.ending import (
@@ -54,8 +57,6 @@ from workbench.machine import compile_cache, hardware
 def _batches(accelerator, loader: Iterable, position: resume.DataPosition) -> Iterator[dict]:
     """Loop over the loader forever: runs are counted in optimizer steps. `position`
     follows the data order, so a saved run resumes at the very next batch."""
-    from workbench.core.data.load import raise_held_interrupt
-
     while True:
         try:
             for batch in resume.epoch_loader(accelerator, loader, position):  # a new, seeded shuffle each epoch
@@ -294,8 +295,6 @@ def _finish(r: _Run, keep_model: bool) -> RunResult:
 
 def _train(r: _Run, model: Any, loader: Any) -> None:
     """Fetch, forward, backward, step; at log steps measure, and tell the sinks."""
-    from accelerate.utils import send_to_device
-
     cfg, accelerator, state, optimizer = r.cfg, r.accelerator, r.state, r.optimizer
     on_accelerator = accelerator.device.type != "cpu"
     model.train()

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
 __all__ = ["FlopCounter", "count_flops", "gpt_flops_formula", "matmul_parameter_count"]
 
@@ -47,7 +49,6 @@ class FlopCounter(TorchDispatchMode):
 
     def __init__(self, *, record_ops: bool = False) -> None:
         super().__init__()
-        from torch.utils.flop_counter import flop_registry
 
         self._registry = {**flop_registry, **_cpu_attention_flops()}
         self.total = 0
@@ -85,8 +86,6 @@ _HALF = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 def _op_traffic(func: Any, operands: Any) -> tuple[int, str]:
     """(bytes an op reads and writes, the 16-bit dtype it computes in or 'fp32')."""
-    from torch.utils._pytree import tree_flatten
-
     if any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns):
         return 0, "fp32"  # a view: no data moves
     tensors = [t for t in tree_flatten(operands)[0] if isinstance(t, torch.Tensor)]
@@ -99,8 +98,6 @@ def _cpu_attention_flops() -> dict[Any, Callable[..., int]]:
     counts the CUDA kernels only, so a CPU scaled_dot_product_attention counted 0). The same
     formulas as torch's for the CUDA kernels: QK^T and PV, forward; four such matmuls, backward;
     the full s x s (causal masking is not discounted, as for the explicit matmuls)."""
-    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
-
     aten = torch.ops.aten
     if not hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
         return {}

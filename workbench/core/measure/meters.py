@@ -13,6 +13,7 @@ import os
 import sys
 from dataclasses import dataclass
 
+import psutil
 import torch
 
 
@@ -154,7 +155,6 @@ def status_bytes(field: str) -> int | None:
         pass
     if field not in _PSUTIL_NAMES:
         return None
-    import psutil
 
     return getattr(psutil.Process().memory_info(), _PSUTIL_NAMES[field], None)
 
@@ -166,12 +166,12 @@ def cpu_peak() -> tuple[int | None, str]:
     hwm = status_bytes("VmHWM")
     if hwm is not None:
         return hwm, "process VmHWM"
-    import psutil
 
     since_start = "process peak RSS since it started (no /proc/self/status)"
     if (peak := getattr(psutil.Process().memory_info(), "peak_wset", None)) is not None:
         return peak, since_start
     try:
+        # not on Windows
         import resource
     except ImportError:
         return None, "process peak: not available here"
@@ -196,8 +196,6 @@ class MemoryMeter:
         self.peak_kind = "CUDA allocator peak" if self.on_cuda else cpu_peak()[1]
         self._process = None
         if not self.on_cuda:
-            import psutil
-
             self._process = psutil.Process(os.getpid())
 
     def reset_peak(self) -> None:
@@ -228,6 +226,5 @@ class MemoryMeter:
     def total_bytes(self) -> int | None:
         if self.on_cuda:
             return torch.cuda.get_device_properties(self.device).total_memory
-        import psutil
 
         return psutil.virtual_memory().total

@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from workbench.base.arguments import ArgumentError, listed
+
 
 @dataclass(frozen=True, slots=True)
 class RunStart:
@@ -113,8 +115,6 @@ class Sink(Protocol):
 
 def checked_sinks(sinks: Any) -> list[Sink]:
     """`sinks` as a list, each able to hear a run (run() and monitor() check them before starting)."""
-    from workbench.base.arguments import ArgumentError, listed
-
     if isinstance(sinks, (str, bytes, dict)) or not isinstance(sinks, Iterable):
         raise ArgumentError(f"sinks must be a list of sinks, got {type(sinks).__name__}; pass e.g. sinks=[TextSink()]")
     sinks = listed("sinks", sinks, "sinks=[TextSink()]")

@@ -203,13 +203,13 @@ class MemorySnapshot:
 
     def stats(self) -> str:
         """torch's text summary of the segments (`python -m torch.cuda._memory_viz stats`): offline."""
-        from torch.cuda import _memory_viz
+        from torch.cuda import _memory_viz  # lazy: reading a saved snapshot needs no torch
 
         return _memory_viz.segsum(self.data)
 
     def write_html(self, path: str | pathlib.Path) -> pathlib.Path:
         """torch's `trace_plot` page for it. It loads MemoryViz.js from a CDN: it needs the internet."""
-        from torch.cuda import _memory_viz
+        from torch.cuda import _memory_viz  # lazy: reading a saved snapshot needs no torch
 
         path = pathlib.Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -230,7 +230,7 @@ def cuda_history(max_entries: int = 1_000_000, stacks: str = "python") -> Iterat
     The same three calls a script makes: `_record_memory_history(max_entries=...)`, `_snapshot()`
     (or `_dump_snapshot(path)`), `_record_memory_history(enabled=None)`.
     """
-    import torch
+    import torch  # lazy: reading a saved snapshot needs no torch
 
     if not torch.cuda.is_available():
         raise RuntimeError("cuda_history() records the CUDA allocator and this machine has no CUDA device; "

@@ -8,6 +8,7 @@ from typing import Any
 
 from workbench.base.errors import ConfigError
 from workbench.core import limits
+from workbench.core.data import build_dataloader
 
 
 def check(r: dict[str, Any]) -> None:
@@ -23,8 +24,6 @@ def check(r: dict[str, Any]) -> None:
 
 def loader(dataset: Any, cfg: Any, collate_fn: Any = None) -> Any:
     """The training DataLoader: seeded, shuffled, with the config's workers, pinning and prefetch."""
-    from workbench.core.data import build_dataloader
-
     return build_dataloader(dataset, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed,
                             num_workers=cfg.num_workers, pin_memory=cfg.pin_memory,
                             prefetch_factor=cfg.prefetch_factor, persistent_workers=cfg.persistent_workers,
@@ -34,6 +33,7 @@ def loader(dataset: Any, cfg: Any, collate_fn: Any = None) -> Any:
 def accelerator_kwargs(cfg: Any) -> dict[str, Any]:
     """With pinned batches the host-to-GPU copy can be asynchronous (non_blocking): it overlaps
     the previous step's GPU work."""
+    # lazy: a RunConfig stays free of accelerate (tests/test_import.py); only a run needs it
     from accelerate.utils import DataLoaderConfiguration
 
     return {"dataloader_config": DataLoaderConfiguration(non_blocking=cfg.pin_memory)}

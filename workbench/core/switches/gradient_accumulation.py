@@ -9,6 +9,7 @@ from typing import Any
 def accelerator_kwargs(cfg: Any) -> dict[str, Any]:
     """Windows run across epoch ends: by default accelerate would step a short last window at
     every epoch end, so a run of N steps would not be N windows of grad_accum_steps micro-batches."""
+    # lazy: a RunConfig stays free of accelerate (tests/test_import.py); only a run needs it
     from accelerate.utils import GradientAccumulationPlugin
 
     return {"gradient_accumulation_plugin": GradientAccumulationPlugin(num_steps=cfg.grad_accum_steps,

@@ -15,6 +15,7 @@ import torch
 
 from workbench.base.errors import ConfigError
 from workbench.core import limits
+from workbench.machine.torchao_support import import_torchao
 
 
 @dataclass(frozen=True)
@@ -65,8 +66,6 @@ def make_optimizer(model: torch.nn.Module, cfg: Any) -> torch.optim.Optimizer:
     if cfg.optimizer == "adafactor":
         return torch.optim.Adafactor(params, lr=cfg.lr, weight_decay=cfg.weight_decay, **impl)
     if cfg.optimizer == "adamw8bit":
-        from workbench.machine.torchao_support import import_torchao
-
         AdamW8bit = import_torchao("torchao.optim").AdamW8bit  # quietly: it logs about CUDA-only parts
         return _eager_on_cpu(AdamW8bit(params, lr=cfg.lr, weight_decay=cfg.weight_decay, **impl))
     return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, **impl)

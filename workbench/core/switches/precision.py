@@ -60,6 +60,7 @@ def kwargs_handlers(precision: str, knobs: dict[str, Any] | None) -> list:
     """accelerate kwargs handlers for a run: a GradScalerKwargs for fp16, else none."""
     if precision != "fp16":
         return []
+    # lazy: a RunConfig stays free of accelerate (tests/test_import.py); only a run needs it
     from accelerate.utils import GradScalerKwargs
 
     return [GradScalerKwargs(**scaler_kwargs(knobs))]

@@ -26,10 +26,12 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+import torch.distributed as dist
 from torch import nn
 
 from workbench.base.errors import ConfigError
 from workbench.core import custom
+from workbench.core.switches.trainable import model_parts
 
 CHOICES = ("none", "full")
 """The registry: 'none' (data parallel: every process holds the whole state) or 'full' (ZeRO stage 3)."""
@@ -84,10 +86,8 @@ def shard_model(model: nn.Module, mesh: Any = None) -> nn.Module:
 
     Raises ValueError in a single process: there is nothing to shard across.
     """
-    import torch.distributed as dist
+    # lazy: `import torch` does not load FSDP (600 modules, half a second)
     from torch.distributed.fsdp import fully_shard
-
-    from workbench.core.switches.trainable import model_parts
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         raise ValueError("sharding='full' splits the model state across processes, and this run has one; "
@@ -104,6 +104,7 @@ def gathered(model: nn.Module) -> Iterator[nn.Module]:
     group on entry, none per forward. Evaluation needs it: the processes' shares of the
     held-out set may differ by a batch, and a sharded forward is a collective all must join.
     """
+    # lazy: `import torch` does not load FSDP (600 modules, half a second)
     from torch.distributed.fsdp import FSDPModule
 
     groups = [m for m in model.modules() if isinstance(m, FSDPModule)]

@@ -12,6 +12,7 @@ from torch import nn
 
 from workbench.base.errors import ConfigError
 from workbench.core import custom
+from workbench.core.models import GPT, MLP, PretrainedClassifier, SmallCNN
 
 __all__ = ["FREEZE_CHOICES", "LORA_TARGETS", "model_parts", "freeze_parts", "add_lora",
            "lora_target_names", "lora_shapes", "lora_parameter_count", "check", "apply"]
@@ -38,8 +39,6 @@ LORA_TARGETS: dict[str, dict[str, tuple[str, ...]]] = {
 
 
 def _model_name(model: nn.Module) -> str:
-    from workbench.core.models import GPT, MLP, PretrainedClassifier, SmallCNN
-
     for cls, name in ((GPT, "gpt"), (PretrainedClassifier, "minilm"), (MLP, "mlp"), (SmallCNN, "cnn")):
         if isinstance(model, cls):
             return name
@@ -129,6 +128,7 @@ def add_lora(model: nn.Module, *, rank: int, targets: str = "attention", alpha: 
     alpha: LoRA's scale numerator (the update is alpha / rank x B @ A); None: 2 x rank, so
     the scale stays 2 whatever the rank.
     """
+    # lazy: peft (it imports transformers) only for LoRA
     from peft import LoraConfig, get_peft_model
 
     name = _model_name(model)

@@ -36,6 +36,7 @@ from workbench.base.report import format_bytes
 from workbench.core.measure.records import RunEnd, RunStart, Sink, StepRecord
 from workbench.core.measure.result import format_metric
 from workbench.core.views import run_numbers
+from workbench.core.views.loss_plot import LossPlot
 from workbench.core.views.sinks import TextSink
 from workbench.machine import environment
 
@@ -123,8 +124,6 @@ class Dashboard:
         function("clock", clock, example="clock=time.monotonic")
         function("timer", timer, example="timer=time.perf_counter")
         import ipywidgets as w  # heavy imports only once a dashboard is made
-
-        from workbench.core.views.loss_plot import LossPlot
 
         self.numbers_interval_s, self.plot_interval_s = numbers_interval_s, plot_interval_s
         self.auto_display, self.clock, self.timer = auto_display, clock, timer
@@ -281,6 +280,7 @@ class Dashboard:
         self._last_numbers = self._last_plot = -math.inf  # show the first step at once
         self.live_busy_s = 0.0  # each run's budget is its own
         if self.auto_display and _shell() is not None and self._displayed_in != _cell():
+            # notebook-only: importing workbench stays free of Jupyter (tests/test_dashboard.py)
             from IPython.display import display
 
             self._handle = display(self, display_id=True)  # in the cell that runs, so the learner sees it
@@ -384,6 +384,7 @@ class Dashboard:
         the view's plain-text form (what GitHub shows) saying how the run ended."""
         if _shell() is None:
             return
+        # notebook-only: importing workbench stays free of Jupyter (tests/test_dashboard.py)
         from IPython.display import Image, display
 
         self.last_png = self.plot.png()

@@ -38,6 +38,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from workbench.base.report import plain_label
 
 # The i-th curve's look. Later curves get dashes and markers, so a curve drawn exactly on
@@ -144,6 +146,7 @@ class LossPlot:
     """
 
     def __init__(self) -> None:
+        # notebook-only: importing workbench stays free of Jupyter (tests/test_dashboard.py)
         import bqplot
         import ipywidgets as w
 
@@ -182,8 +185,6 @@ class LossPlot:
 
     def draw(self, curve: Curve) -> None:
         """Send the curve's points (one message: x and y together)."""
-        import numpy as np
-
         steps, losses = thin(curve.steps, curve.losses)
         with curve.mark.hold_sync():
             curve.mark.x = np.asarray(steps, dtype=np.float64)
@@ -215,6 +216,7 @@ class LossPlot:
         """All curves as a PNG (matplotlib Agg, no pyplot); None while no curve has a point."""
         if not any(c.steps for c in self.curves):
             return None
+        # matplotlib only when a figure is drawn: importing this module stays light
         from matplotlib.figure import Figure
 
         # Fixed margins, not layout="constrained": 80 ms a figure instead of 110 here, at every run's end.
