@@ -204,16 +204,6 @@ def test_no_file_name_repeats_across_the_package() -> None:
 # Issue 39: imports at the top of a module unless a comment says why. A function-level import is
 # a cost moved to the first call (or a cycle, or an optional package) and the reader should not
 # have to guess which: the comment on the line before the block (or on one of its lines) says.
-NOT_YET_CHECKED = {
-    # Being changed in parallel (activation checkpointing, the launcher, the multi-GPU lessons):
-    # checked once those changes are merged; remove each name then.
-    "core/models.py",
-    "core/switches/activation_checkpointing.py",
-    "core/switches/__init__.py",
-    "lessons/multi_gpu.py",
-    "lessons/checkpointing.py",
-    "launching/launch.py",
-}
 
 
 def unexplained_function_level_imports(path: pathlib.Path) -> list[int]:
@@ -246,7 +236,7 @@ def unexplained_function_level_imports(path: pathlib.Path) -> list[int]:
 
 def test_every_function_level_import_says_why() -> None:
     missing = [f"workbench/{path.relative_to(PACKAGE)}:{line}"
-               for path in MODULES if str(path.relative_to(PACKAGE)) not in NOT_YET_CHECKED
+               for path in MODULES
                for line in unexplained_function_level_imports(path)]
     assert not missing, ("imports inside a function with no comment saying why they are not at the top of "
                          "the module (issue 39): move each up, or say why it must wait:\n" + "\n".join(missing))

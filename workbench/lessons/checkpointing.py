@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -25,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
+from torch.utils.flop_counter import FlopCounterMode
 
 from workbench.base.report import Results, format_bytes
 from workbench.core.config import RunConfig
@@ -180,7 +182,7 @@ class Dial(Results):
 
     def make_figure(self):
         """Memory against extra time (measured) and against extra FLOPs (exact)."""
-        from matplotlib.figure import Figure
+        from matplotlib.figure import Figure  # only when a figure is drawn: importing workbench stays light
 
         fig = Figure(figsize=(11, 3.6))
         ax_time, ax_flops = fig.subplots(1, 2, sharey=True)
@@ -229,8 +231,6 @@ def checkpointing_dial(model: nn.Module, inputs: torch.Tensor, labels: torch.Ten
         raise ValueError("settings is empty; pass e.g. {'none': 'none', 'all': 'all'}")
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"rounds={rounds!r} must be a whole number >= 1")
-    from torch.utils.flop_counter import FlopCounterMode
-
     model.train()
     device = inputs.device
     names = list(settings)
@@ -341,8 +341,6 @@ def block_accounting(baseline, checkpointed) -> object:
 def memory_moments(config) -> object:
     """One step's live bytes, replayed on fake tensors (as `estimate()` does) without and with
     checkpointing every block; prints each peak and returns the figure."""
-    import dataclasses
-
     timelines = {}
     for setting in ("none", "all"):
         cfg = dataclasses.replace(config, activation_checkpointing=setting)

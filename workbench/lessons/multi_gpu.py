@@ -25,6 +25,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import psutil
+from accelerate.utils import patch_environment
+
+from workbench.core.engine.accelerator import reset_accelerate_state
+from workbench.launching.launch import free_port
+
 __all__ = ["LaunchHung", "bounded_launch", "check_worlds", "same_curve", "check_same_curve"]
 
 
@@ -33,7 +39,6 @@ class LaunchHung(RuntimeError):
 
 
 def _children() -> set[int]:
-    import psutil
     return {p.pid for p in psutil.Process().children(recursive=True)}
 
 
@@ -49,8 +54,6 @@ class BoundedLaunch:
     children after `timeout_s` and raises `LaunchHung` (the stopped launch's own error is its cause)."""
 
     def __init__(self, timeout_s: float, num_processes: int) -> None:
-        from workbench.launching.launch import free_port
-
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < float("inf"):
             raise ValueError(f"timeout_s={timeout_s!r} must be a positive number of seconds; pass e.g. timeout_s=60")
         if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1:
@@ -74,10 +77,6 @@ class BoundedLaunch:
         return [self.returns.get() for _ in range(self.num_processes)]
 
     def __enter__(self) -> BoundedLaunch:
-        from accelerate.utils import patch_environment
-
-        from workbench.core.engine.accelerator import reset_accelerate_state
-
         # notebook_launcher refuses to start once a cell made an Accelerator (wb.run does);
         # the children make their own.
         reset_accelerate_state(keep_process_group=False)
