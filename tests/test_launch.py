@@ -48,7 +48,7 @@ class _EachAWorldOfOne(accelerate.utils.PrepareForLaunch):
 def test_processes_that_do_not_form_one_world_fail_loudly(monkeypatch):
     real = launch_module._child_env
     monkeypatch.setattr(launch_module, "_child_env", lambda *args, **kwargs: {**real(*args, **kwargs), "WORLD_SIZE": "1"})
-    monkeypatch.setattr(accelerate.utils, "PrepareForLaunch", _EachAWorldOfOne)
+    monkeypatch.setattr(launch_module, "PrepareForLaunch", _EachAWorldOfOne)  # what launch.py calls
     sink = RecordingSink()
     result = launch(RunConfig(**TINY, batch_size=16), num_processes=2, sinks=[sink], timeout_s=60)
     assert result.status == "failed" and "formed a world of 1" in result.message
