@@ -29,7 +29,7 @@ import psutil
 from accelerate.utils import patch_environment
 
 from workbench.core.engine.accelerator import reset_accelerate_state
-from workbench.launching.launch import free_port
+from workbench.launching.processes import free_port  # not launch.py: that imports the loop and the planner
 
 __all__ = ["LaunchHung", "bounded_launch", "check_worlds", "same_curve", "check_same_curve"]
 
