@@ -219,6 +219,35 @@ def test_when_the_budget_is_tight_the_curve_keeps_its_pace_and_the_numbers_wait(
     assert dash.live_busy_s <= 0.01 * clock.now + 0.02
 
 
+def test_when_the_curve_alone_fills_the_budget_the_numbers_still_move(timed, clock, monkeypatch):
+    # A busy core made each curve update cost more than 1% allows at 2 Hz: the curve took
+    # every bit of room as it freed, and the step counter stayed at its first reading
+    # ("step 20 / 3000") while the curve grew. Here the curve costs 20 ms, the numbers 10 ms.
+    dash, cost = timed
+    draw, draw_numbers = dash.plot.draw, dash._draw_numbers
+
+    def slow_draw(curve) -> None:
+        cost.now += 0.02
+        draw(curve)
+
+    def slow_numbers() -> None:
+        cost.now += 0.01
+        draw_numbers()
+
+    monkeypatch.setattr(dash.plot, "draw", slow_draw)
+    monkeypatch.setattr(dash, "_draw_numbers", slow_numbers)
+    dash.start(start(total=200))
+    shown = []
+    for i in range(1, 201):  # 20 s of records
+        clock.now += 0.1
+        dash.log(step(i, total=200))
+        shown.append(dash.step_text.value.split(" &middot;")[0])
+    assert dash.numbers_updates >= 3, dash.numbers_updates  # one after every two curve updates
+    assert len(set(shown)) >= 3, sorted(set(shown))
+    assert 5 <= dash.plot_updates <= 10, dash.plot_updates  # the curve keeps what the budget gives it
+    assert dash.live_busy_s <= 0.01 * clock.now + 0.02
+
+
 def test_the_curve_is_hidden_until_its_first_point(dash):
     dash.start(start())
     assert dash.plot.figure.layout.display == "none"  # no empty frame, no broken image
