@@ -1,11 +1,14 @@
 """Launch many times in a row and count the launches that hang: the check behind launching/processes.py.
 
 A launch whose child inherits a held lock hangs until its timeout (timed out, counted as hung);
-every other launch forms its process group, all-reduces once and returns. Run it under a busy
-core (`--hog`, the default) with the machine otherwise as loaded as CI is:
+every other launch forms its process group, all-reduces once and returns (`--target rank_only`:
+returns its rank with no collective, as the tests' children do; a rank that left while its peer was
+still forming the group failed the peer's init, counted as failed). Run it under a busy core (the
+default; `--no-hog` for none) with the machine otherwise as loaded as CI is:
 
     .venv/bin/python benchmarks/launch_stress.py --launches 300 --processes 4
     .venv/bin/python benchmarks/launch_stress.py --launches 100 --how notebook_launcher
+    .venv/bin/python benchmarks/launch_stress.py --launches 500 --processes 2 --target rank_only
     .venv/bin/python benchmarks/launch_stress.py --launches 50 --start-method fork   # the old way, for comparison
 
 `--how notebook_launcher` launches with accelerate's notebook_launcher as notebook 06's cell does
@@ -37,6 +40,17 @@ def _all_reduce_once() -> int:
     return state.process_index
 
 
+def _rank_only() -> int:
+    """The tests' target: form the group, touch no collective, return at once. A rank that
+    returns while another is still connecting is what closed the other's connection."""
+    from accelerate import PartialState
+
+    return PartialState(cpu=True).process_index
+
+
+TARGETS = {"all_reduce": _all_reduce_once, "rank_only": _rank_only}
+
+
 def _notebook_launch(fn, num_processes: int, timeout_s: float) -> list:
     """Notebook 06's launch cell: notebook_launcher inside bounded_launch, each child's value collected."""
     from accelerate import notebook_launcher
@@ -49,9 +63,10 @@ def _notebook_launch(fn, num_processes: int, timeout_s: float) -> list:
 
 
 def stress(launches: int, processes: int, how: str, start_method: str, timeout_s: float,
-           fresh_server: bool = False) -> dict:
+           fresh_server: bool = False, target: str = "all_reduce") -> dict:
     """Launch `launches` times; the outcome and wall time of each. `fresh_server`: each launch from a
-    newly started fork server (as a test process's or a kernel's first launch is)."""
+    newly started fork server (as a test process's or a kernel's first launch is). `target`: what
+    each child runs (`TARGETS`)."""
     from multiprocessing import forkserver
 
     from workbench.launching.launch import LaunchError, launch_function
@@ -65,9 +80,9 @@ def stress(launches: int, processes: int, how: str, start_method: str, timeout_s
         start = time.monotonic()
         try:
             if how == "notebook_launcher":
-                ranks = sorted(_notebook_launch(_all_reduce_once, processes, timeout_s))
+                ranks = sorted(_notebook_launch(TARGETS[target], processes, timeout_s))
             else:
-                ranks = launch_function(_all_reduce_once, num_processes=processes, device="cpu", timeout_s=timeout_s,
+                ranks = launch_function(TARGETS[target], num_processes=processes, device="cpu", timeout_s=timeout_s,
                                         start_method=start_method)
             outcome = "ok" if ranks == list(range(processes)) else "failed"
         except LaunchHung:
@@ -95,7 +110,7 @@ def _in_a_kernel(args: argparse.Namespace) -> dict:
         code = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
                 "import launch_stress, json\n"
                 f"print('RESULT' + json.dumps(launch_stress.stress({args.launches}, {args.processes}, {args.how!r}, "
-                f"{args.start_method!r}, {args.timeout})))")
+                f"{args.start_method!r}, {args.timeout}, target={args.target!r})))")
         lines: list[str] = []
         reply = client.execute_interactive(code, timeout=None, output_hook=lambda msg: lines.append(
             msg["content"].get("text", "")) if msg["msg_type"] == "stream" else None)
@@ -118,6 +133,8 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds before a launch counts as hung")
     parser.add_argument("--fresh-server", action="store_true",
                         help="stop the fork server after each launch: every launch starts a new one")
+    parser.add_argument("--target", choices=sorted(TARGETS), default="all_reduce",
+                        help="what each child runs: all_reduce once, or rank_only (no collective, as the tests' targets)")
     parser.add_argument("--no-hog", action="store_true", help="do not keep a core busy meanwhile")
     parser.add_argument("--kernel", action="store_true", help="launch from inside a Jupyter kernel")
     parser.add_argument("--out", type=Path, help="write the summary here (JSON)")
@@ -131,7 +148,8 @@ def main() -> int:
         hog.__enter__()
     try:
         summary = _in_a_kernel(args) if args.kernel else stress(args.launches, args.processes, args.how,
-                                                                 args.start_method, args.timeout, args.fresh_server)
+                                                                 args.start_method, args.timeout, args.fresh_server,
+                                                                 args.target)
     finally:
         if hog is not None:
             hog.__exit__(None, None, None)

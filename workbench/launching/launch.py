@@ -105,6 +105,7 @@ def _child(payload: Any, name: str | None, conn: multiprocessing.connection.Conn
             value: Any = run(target, sinks=[_PipeSink(conn)], name=name, check_fit=check_fits)
         else:
             value = target(*args)
+        processes.leave_together()  # a rank gone before its peers formed the group failed theirs
     except BaseException as error:
         # When one process fails, its peers fail next ("Connection closed by peer"):
         # the time says which failure came first, the cause rather than an echo. run()'s note

@@ -60,6 +60,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def leave_together() -> None:
+    """Wait, once this rank's work is done, until every rank of its process group is done too.
+
+    A rank that returned and exited while a peer was still inside `init_process_group` closed a
+    connection the peer had yet to take up: gloo reads that as "Connection closed by peer" and the
+    peer's init failed, though nothing had crashed. Work that ends in a collective never showed
+    it (its ranks wait for each other there); work that uses none did, under load:
+    `benchmarks/launch_stress.py --target rank_only` failed 6 of ~480 launches, and 0 of 1,000 with
+    this wait (docs/NOTEBOOK_CI.md)."""
+    # torch.distributed only here, in a child that has formed a group: launching starts with no torch loaded
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return  # no group, or the work took its group down itself: nothing to wait for
+    if dist.get_backend() == "nccl":  # NCCL's barrier needs the device this rank uses
+        dist.barrier(device_ids=[torch.cuda.current_device()])
+    else:
+        dist.barrier()
+
+
 def check_num_processes(num_processes: Any) -> None:
     """A whole number of processes this machine can run side by side, or one line with the fix."""
     if not isinstance(num_processes, int) or isinstance(num_processes, bool) or num_processes < 1:

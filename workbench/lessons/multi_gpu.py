@@ -29,7 +29,7 @@ import psutil
 from accelerate.utils import patch_environment
 
 from workbench.core.engine.accelerator import reset_accelerate_state
-from workbench.launching.processes import free_port  # not launch.py: that imports the loop and the planner
+from workbench.launching.processes import free_port, leave_together  # not launch.py: that imports the loop and the planner
 
 __all__ = ["LaunchHung", "bounded_launch", "check_worlds", "same_curve", "check_same_curve"]
 
@@ -70,7 +70,9 @@ class BoundedLaunch:
         store while the launcher forks), its return value put on the queue."""
         def child(*args: Any) -> None:
             self._all_forked.wait(timeout=self.timeout_s)
-            self.returns.put(fn(*args))
+            value = fn(*args)
+            leave_together()  # a rank gone before its peers formed the group failed theirs
+            self.returns.put(value)
         return child
 
     def collect(self) -> list[Any]:  # what each child returned, in the order they finished
