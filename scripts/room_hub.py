@@ -384,12 +384,18 @@ def _learner_processes(names: list[str]) -> list:
 
 
 def stop(args: argparse.Namespace) -> int:
-    """Stop the hub (it stops the servers it started), then any process of a learner left."""
+    """Stop the hub (it stops the servers it started), then any process of a learner left, and any
+    of the hub's own (its proxy, its services) that outlived it."""
     import psutil
 
     state: Path = args.state
     pid = _hub_pid(state)
+    started: list = []
     if pid:
+        try:  # what the hub runs: its cleanup stops them; a hub killed after 30 s leaves them running
+            started = psutil.Process(pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            pass
         os.kill(pid, signal.SIGTERM)
         try:
             psutil.Process(pid).wait(timeout=30)
@@ -401,7 +407,12 @@ def stop(args: argparse.Namespace) -> int:
     # kernel left running made reset's userdel fail, once in CI: "user ... is currently used by process").
     room = json.loads((state / "room.json").read_text()) if (state / "room.json").exists() else {}
     names = [*room.get("learners", []), *([room["teacher"]] if room.get("teacher") else [])]
-    left = _learner_processes(names)
+    learners = _learner_processes(names)
+    # The hub's proxy and idle culler outlived a stopped hub (seen after CI's room test: both still
+    # running minutes later, the proxy on the room's port). is_running() also checks the start time: a
+    # process id reused since is left alone.
+    outlived = [p for p in started if p.is_running() and p.pid not in {q.pid for q in learners}]
+    left = learners + outlived
     for process in left:  # kernels live in their own sessions: a server's end may leave them
         process.terminate()
     gone, alive = psutil.wait_procs(left, timeout=5)
@@ -409,7 +420,8 @@ def stop(args: argparse.Namespace) -> int:
         process.kill()
     psutil.wait_procs(alive, timeout=5)
     stuck = limits.remove()
-    print(f"room stopped ({'hub ended' if pid else 'no hub was running'}; {len(left)} learner or teacher process(es) ended)"
+    print(f"room stopped ({'hub ended' if pid else 'no hub was running'}; {len(learners)} learner or teacher process(es) ended"
+          + (f"; {len(outlived)} of the hub's own that outlived it ended" if outlived else "") + ")"
           + (f"; cgroups left: {', '.join(stuck)}" if stuck else ""))
     return 0
 

@@ -238,3 +238,34 @@ def test_stopping_the_room_ends_the_teachers_processes_too(tmp_path, monkeypatch
     assert room_hub.stop(argparse.Namespace(state=tmp_path)) == 0
     assert asked == ["wbx1", "wbx2", "wbxt"]
     assert "room stopped (no hub was running; 0 learner or teacher process(es) ended)" in capsys.readouterr().out
+
+
+def test_stop_ends_what_the_hub_started_when_the_hub_left_it_running(tmp_path, monkeypatch):
+    # Under load the hub took over 30 s to stop, was killed, and its proxy and idle culler ran on
+    # (seen after CI's room test). A stand-in hub: it starts a child, and on SIGTERM exits at once
+    # without stopping it.
+    import argparse
+    import time
+
+    import psutil
+
+    hub = subprocess.Popen([sys.executable, "-c", (
+        "import signal, subprocess, sys, os\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        "print(child.pid, flush=True)\n"
+        "signal.signal(signal.SIGTERM, lambda *a: os._exit(0))\n"
+        "signal.pause()\n")], stdout=subprocess.PIPE, text=True)
+    child = psutil.Process(int(hub.stdout.readline()))
+    try:
+        (tmp_path / "jupyterhub.pid").write_text(str(hub.pid))
+        monkeypatch.setattr(room_hub.limits, "remove", lambda: [])  # no room's cgroups here
+        assert room_hub.stop(argparse.Namespace(state=tmp_path)) == 0
+        hub.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while child.is_running() and child.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE, "the hub's child outlived room-stop"
+    finally:
+        for process in (hub, child):
+            if process.is_running() if isinstance(process, psutil.Process) else process.poll() is None:
+                process.kill()

@@ -30,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 pytestmark = pytest.mark.browser
@@ -121,6 +122,7 @@ def room(tmp_path_factory, browser):
     args = (f"--ip 127.0.0.1 --port {port} --prefix {prefix} --teacher {prefix}t --memory {MEMORY} --cores 1 "
             f"--preset cpu-quick --https --cull-idle {CULL_IDLE_S}")
     started = time.monotonic()
+    hubs_own: list[psutil.Process] = []
     try:
         proc = _make("room", "SEATS=3", f"ROOM_ARGS={args}", env=env)
         assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -128,6 +130,8 @@ def room(tmp_path_factory, browser):
         roster = dict(line.split() for line in (state / "roster.txt").read_text().splitlines()
                       if not line.startswith("#"))
         info = json.loads((state / "room.json").read_text())
+        hub = psutil.Process(int((state / "jupyterhub.pid").read_text()))
+        hubs_own = hub.children(recursive=True)  # its proxy and services, as the room starts them
         yield {"url": f"https://127.0.0.1:{port}", "roster": roster, "state": state, "info": info, "env": env,
                "teacher": f"{prefix}t", "start_s": time.monotonic() - started, "output": proc.stdout}
     finally:
@@ -139,10 +143,27 @@ def room(tmp_path_factory, browser):
             (SHOTS / "ps.txt").write_text(ps.stdout + ps.stderr)
         stopped = _make("room-stop", env=env)
         assert stopped.returncode == 0 and "room stopped" in stopped.stdout, stopped.stdout + stopped.stderr
+        # the hub's proxy and idle culler outlived it once (CI: still running minutes after the test)
+        outlived = [_described(p) for p in hubs_own if _alive(p)]
+        assert not outlived, f"room-stop left the hub's own processes running: {outlived}"
         done = _make("room-reset", env=env)
         left = room_users(prefix)
         shutil.rmtree(folder, ignore_errors=True)
         assert done.returncode == 0 and not left, done.stdout + done.stderr + f" accounts left: {left}"
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _described(process: psutil.Process) -> str:
+    try:
+        return f"{process.pid}: {' '.join(process.cmdline()[:3])}"
+    except psutil.Error:
+        return str(process.pid)
 
 
 def room_users(prefix: str) -> list[str]:
