@@ -1,7 +1,8 @@
 """Metric math on hand-picked numbers; memory readings on this machine."""
 
+import mmap
+
 import pytest
-import torch
 
 from workbench.core.measure.meters import MemoryMeter, Throughput, mfu
 
@@ -31,12 +32,17 @@ def test_cpu_meter_reads_rss_and_a_peak_that_resets():
     assert meter.kind == "process RSS" and meter.reserved_bytes() is None
     meter.reset_peak()
     before = meter.peak_bytes()
-    big = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+    # 64 MiB of fresh anonymous pages, each touched. Not a tensor: in a process that has made and
+    # freed large tensors (an xdist worker late in its run), the allocator hands back memory still
+    # resident, and RSS did not move (CI: VmHWM 1,528,938,496 before and after torch.ones of 64 MiB).
+    big = mmap.mmap(-1, 64 * 2**20)
+    for page in range(0, len(big), mmap.PAGESIZE):
+        big[page] = 1
     after = meter.peak_bytes()
     assert meter.current_bytes() > 0
     if meter.peak_kind == "process VmHWM":  # reset per phase (Linux, clear_refs writable)
         assert after - before >= 60 * 2**20
-    del big
+    big.close()
 
 
 def test_a_peak_that_cannot_be_reset_says_it_is_the_one_since_the_process_started(monkeypatch):
