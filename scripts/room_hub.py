@@ -411,7 +411,8 @@ def stop(args: argparse.Namespace) -> int:
     # The hub's proxy and idle culler outlived a stopped hub (seen after CI's room test: both still
     # running minutes later, the proxy on the room's port). is_running() also checks the start time: a
     # process id reused since is left alone.
-    outlived = [p for p in started if p.is_running() and p.pid not in {q.pid for q in learners}]
+    learner_pids = {q.pid for q in learners}
+    outlived = [p for p in started if p.is_running() and p.pid not in learner_pids]
     left = learners + outlived
     for process in left:  # kernels live in their own sessions: a server's end may leave them
         process.terminate()
