@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -80,14 +79,18 @@ def off_the_lock(path: Path = LOCK) -> list[str]:
     not installed is not counted; setuptools is the build's, not the environment's)."""
     import importlib.metadata
 
+    # Only what is installed, not what a package vendors: once setuptools is imported it puts its
+    # own _vendor folder on sys.path, and wheel 0.46.3 inside it read as the environment's wheel
+    # (make test failed on it when an earlier test in the same worker had imported setuptools).
+    installed = [entry for entry in sys.path if Path(entry).name != "_vendor"]
     moved = []
     for name, locked in read_lock(path).items():
         if name in ("setuptools", "pip"):
             continue
-        try:
-            have = importlib.metadata.version(name).split("+")[0]
-        except importlib.metadata.PackageNotFoundError:
+        found = next(iter(importlib.metadata.distributions(name=name, path=installed)), None)
+        if found is None:
             continue
+        have = found.version.split("+")[0]
         if have != locked:
             moved.append(f"{name} {have} (lock: {locked})")
     return moved

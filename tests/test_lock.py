@@ -26,6 +26,15 @@ def test_the_environment_the_setup_made_is_the_locked_one():
     assert not moved, "installed versions that are not the lock's (run make setup, or make lock on purpose): " + ", ".join(moved)
 
 
+def test_what_setuptools_vendors_is_not_read_as_installed():
+    """Importing setuptools puts its _vendor folder (wheel 0.46.3 in setuptools 84) on sys.path; the
+    check above failed on that wheel when an earlier test in its worker had imported setuptools."""
+    read = "import sys; sys.path.insert(0, 'scripts'); {}from lock import off_the_lock; print(off_the_lock())"
+    before, after = (subprocess.run([sys.executable, "-c", read.format(first)], cwd=ROOT, capture_output=True,
+                                    text=True, check=True).stdout for first in ("", "import setuptools; "))
+    assert after == before
+
+
 def test_a_lock_line_is_a_name_an_exact_version_and_at_most_a_marker():
     from packaging.markers import Marker
 
