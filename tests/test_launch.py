@@ -1,5 +1,6 @@
 """launch(): the same RunConfig on N processes from a notebook, records back to the parent."""
 
+import contextlib
 import multiprocessing.context
 import os
 import time
@@ -320,3 +321,62 @@ def test_a_stop_inside_process_start_reaches_the_child_it_started(method):
     children.stop(grace_s=1)
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert multiprocessing.parent_process() is None
+
+
+_ORPHAN_LAUNCHER = '''
+import os, subprocess, sys, time
+from workbench.launching import processes
+
+def rank_that_waits(rank, folder):
+    helper = subprocess.Popen(["sleep", "120"])  # in the rank's process group, as a DataLoader worker is
+    with open(os.path.join(folder, f"rank{rank}"), "w") as f:
+        f.write(f"{os.getpid()} {helper.pid}")
+    time.sleep(120)  # as a rank waiting on the launcher's store does
+
+if __name__ == "__main__":
+    from launcher import rank_that_waits
+    children = processes.Children(sys.argv[1])
+    children.start(rank_that_waits, [(sys.argv[2],), (sys.argv[2],)], dict(os.environ))
+    time.sleep(120)  # killed here, without its cleanup
+'''
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_ranks_end_when_their_launcher_is_killed_without_its_cleanup(tmp_path, method):
+    # A kernel killed mid-launch (SIGKILL: no finally runs) used to leave its ranks running for good:
+    # they were in process groups of their own and, under the fork server, children of a server that
+    # lives as long as they do. Each rank now watches its launcher and ends its group when it is gone.
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    (tmp_path / "launcher.py").write_text(_ORPHAN_LAUNCHER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    launcher = subprocess.Popen([sys.executable, str(tmp_path / "launcher.py"), method, str(tmp_path)], env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.glob("rank*"))) < 2 or any(not p.read_text() for p in tmp_path.glob("rank*")):
+            assert launcher.poll() is None and time.monotonic() < deadline, "the ranks did not start"
+            time.sleep(0.2)
+        pids = [int(pid) for path in tmp_path.glob("rank*") for pid in path.read_text().split()]
+        assert all(psutil.pid_exists(pid) for pid in pids)
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait()
+
+        def running(pid):
+            try:
+                return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return False
+
+        deadline = time.monotonic() + 15
+        while any(running(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [pid for pid in pids if running(pid)], "a rank or what it started outlived its launcher"
+    finally:
+        launcher.kill()
+        for pid in [int(p) for path in tmp_path.glob("rank*") for p in path.read_text().split()]:
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).kill()

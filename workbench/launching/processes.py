@@ -16,7 +16,9 @@ connection while children are forked (each child waits for its siblings before c
 
 Every child runs in a process group of its own (POSIX), so `Children.stop()` reaches what the
 ranks started (DataLoader workers, subprocesses) as well as the ranks; descendants seen while the
-launch ran are stopped too (one that left the group).
+launch ran are stopped too (one that left the group). Every child also watches the process that
+launched it and ends its group when that process is gone without stopping it (a kernel killed or
+restarted mid-launch).
 """
 
 from __future__ import annotations
@@ -176,17 +178,46 @@ def forkserver_threads() -> int | None:
     return None
 
 
-def _entry(rank: int, env: dict[str, str], siblings: Any, fn: Callable[..., Any], args: tuple) -> None:
-    """First thing in every child: its own process group, the launch's environment (a fork
-    server's children start with the server's), the siblings' barrier under fork, then `fn`."""
+def _entry(rank: int, env: dict[str, str], siblings: Any, fn: Callable[..., Any], args: tuple,
+           launcher: tuple[int, float] | None = None) -> None:
+    """First thing in every child: its own process group, a watch on the launching process, the
+    launch's environment (a fork server's children start with the server's), the siblings'
+    barrier under fork, then `fn`."""
     if hasattr(os, "setpgid"):
         with contextlib.suppress(OSError):
             os.setpgid(0, 0)
+    if launcher is not None:
+        threading.Thread(target=_end_with, args=launcher, name="workbench-launcher-watch", daemon=True).start()
     os.environ.clear()
     os.environ.update(env)
     if siblings is not None:  # fork: nobody connects to the store while a sibling is being forked
         siblings.wait(timeout=120)
     fn(rank, *args)
+
+
+def _alive(pid: int, began: float) -> bool:
+    with contextlib.suppress(psutil.Error):
+        process = psutil.Process(pid)
+        return process.create_time() == began and process.status() != psutil.STATUS_ZOMBIE
+    return False
+
+
+def _end_with(pid: int, began: float, every_s: float = 1.0) -> None:
+    """End this rank, and its process group, once the process that launched it is gone. A
+    launcher killed without its cleanup (a kernel restarted or killed mid-launch) used to leave
+    its ranks for good: their own process groups are out of a group kill's reach, their parent
+    is the fork server (alive as long as they are), and a rank waiting to connect to the dead
+    launcher's store retried for 45+ minutes (seen here, gdb: c10d::TCPStore's connect)."""
+    while _alive(pid, began):
+        time.sleep(every_s)
+    if hasattr(os, "killpg") and os.getpgid(0) == os.getpid():
+        os.killpg(os.getpid(), signal.SIGKILL)  # the group this rank leads: what it started too
+    os._exit(1)
+
+
+def launcher_identity() -> tuple[int, float]:
+    """This process as its children watch it: (pid, start time), so a reused pid does not count."""
+    return os.getpid(), psutil.Process().create_time()
 
 
 class Children:
@@ -203,8 +234,9 @@ class Children:
     def start(self, fn: Callable[..., Any], per_rank: list[tuple], env: dict[str, str]) -> None:
         """Start one child per entry of `per_rank`: `fn(rank, *per_rank[rank])` under `env`."""
         siblings = self.ctx.Barrier(len(per_rank)) if self.method == "fork" else None
+        launcher = launcher_identity()
         for rank, args in enumerate(per_rank):
-            process = self.ctx.Process(target=_entry, args=(rank, env, siblings, fn, args), daemon=False,
+            process = self.ctx.Process(target=_entry, args=(rank, env, siblings, fn, args, launcher), daemon=False,
                                        name=f"workbench-rank-{rank}")
             with stop_held():  # started and recorded, or neither: stop() reaches every child there is
                 process.start()
@@ -267,13 +299,7 @@ class Children:
 
     def leftovers(self) -> list[int]:
         """Descendants seen during the launch that still run (the same process: its start time)."""
-        alive = []
-        for pid, began in self._seen.items():
-            with contextlib.suppress(psutil.Error):
-                process = psutil.Process(pid)
-                if process.create_time() == began and process.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(pid)
-        return alive
+        return [pid for pid, began in self._seen.items() if _alive(pid, began)]
 
 
 class ByValue:
