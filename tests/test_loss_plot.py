@@ -74,3 +74,28 @@ def test_the_png_draws_every_curve_and_the_overlaps_are_named():
     assert plot.png().startswith(b"\x89PNG")
     assert plot.y_axis.tick_values is not None and len(plot.y_axis.tick_values) >= 3
     assert plot.y_axis.tick_format == ".1f"  # ticks 0.0, 0.5, 1.0, ... for losses 0.07-2.0
+
+
+def test_a_step_interrupted_before_its_loss_was_kept_is_drawn_without_it():
+    # CI (865f01a, series run 4): the interrupt reached `add` between its two appends, and the view drawn
+    # as the run stopped failed with "x and y must have same first dimension, (23,) and (22,)".
+    pytest.importorskip("bqplot")
+    from workbench.core.views.loss_plot import LossPlot
+
+    class InterruptedOnce(list):
+        def append(self, value):
+            if len(self) == 22:
+                raise KeyboardInterrupt  # as the kernel raises it, between any two bytecodes
+            super().append(value)
+
+    plot = LossPlot()
+    curve = plot.add_curve("interrupted")
+    curve.losses = InterruptedOnce()
+    with pytest.raises(KeyboardInterrupt):
+        for step in range(1, 30):
+            curve.add(step, 2.0 / step)
+    assert (len(curve.steps), len(curve.losses)) == (23, 22)
+    plot.draw(curve)
+    assert list(curve.mark.x) == list(range(1, 23)) and len(curve.mark.y) == 22
+    assert plot.png().startswith(b"\x89PNG")
+    assert curve.points() == (list(range(1, 23)), [2.0 / s for s in range(1, 23)])

@@ -124,12 +124,18 @@ class Curve:
     high: float = -math.inf
 
     def add(self, step: int, loss: float) -> None:
+        finite = math.isfinite(loss)
         self.steps.append(step)
-        if math.isfinite(loss):
-            self.losses.append(loss)
+        self.losses.append(loss if finite else math.nan)  # NaN: a gap, not a broken axis
+        if finite:
             self.low, self.high = min(self.low, loss), max(self.high, loss)
-        else:
-            self.losses.append(math.nan)  # a gap, not a broken axis
+
+    def points(self) -> tuple[list[int], list[float]]:
+        """The whole points: steps and losses of one length. An interrupt (the kernel's KeyboardInterrupt,
+        raised between any two bytecodes of `add`) can leave a step without its loss; the view drawn
+        as the run stops must not fail on it."""
+        n = min(len(self.steps), len(self.losses))
+        return self.steps[:n], self.losses[:n]
 
     @property
     def style(self) -> tuple[str, str | None, str]:
@@ -185,7 +191,7 @@ class LossPlot:
 
     def draw(self, curve: Curve) -> None:
         """Send the curve's points (one message: x and y together)."""
-        steps, losses = thin(curve.steps, curve.losses)
+        steps, losses = thin(*curve.points())
         with curve.mark.hold_sync():
             curve.mark.x = np.asarray(steps, dtype=np.float64)
             curve.mark.y = np.asarray(losses, dtype=np.float64)
@@ -226,8 +232,9 @@ class LossPlot:
         ax.grid(alpha=0.3)
         for curve in self.curves:
             line, marker, color = curve.style
-            ax.plot(curve.steps, curve.losses, label=plain_label(curve.label), color=color, linestyle=_MPL_LINE[line],
-                    marker=_MPL_MARKER[marker], markersize=3, markevery=max(1, len(curve.steps) // 40), lw=1.6)
+            steps, losses = curve.points()
+            ax.plot(steps, losses, label=plain_label(curve.label), color=color, linestyle=_MPL_LINE[line],
+                    marker=_MPL_MARKER[marker], markersize=3, markevery=max(1, len(steps) // 40), lw=1.6)
         ax.set_xlim(0, max(max(c.steps, default=1) for c in self.curves))
         if len(self.curves) > 1:
             ax.legend(loc="upper right", fontsize="small")
