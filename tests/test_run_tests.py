@@ -1,0 +1,34 @@
+"""scripts/run_tests.py, `make test`'s two passes: what each collects."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import conftest
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("run_tests_script", ROOT / "scripts" / "run_tests.py")
+run_tests = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(run_tests)
+
+
+def test_the_serial_and_room_passes_collect_only_the_files_conftest_marks(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    parallel, serial = run_tests.passes(2, ["--durations=5"])
+    serial_files = [key.split("::")[0] for key in conftest.SERIAL]
+    assert serial[-len(serial_files):] == serial_files and all((ROOT / f).exists() for f in serial_files)
+    assert not any(f in parallel for f in serial_files)  # the xdist pass still collects everything
+    assert run_tests.passes(2, [], room=True)[0][-1] == conftest.ROOM
+
+
+def test_tests_the_user_names_are_collected_as_named_in_both_passes(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    named = "notebooks/01_mixed_precision.ipynb"
+    for command in run_tests.passes(2, [named, "-k", "Cell"]):
+        assert command[-3:] == [named, "-k", "Cell"]
+
+
+def test_from_another_folder_the_marked_files_are_whole_paths(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    assert run_tests.passes(2, [])[1][-1] == str(ROOT / "tests" / "test_pipeline_bench.py")
