@@ -254,3 +254,27 @@ def test_a_finished_run_frees_its_model_and_optimizer_state_without_waiting_for_
                 assert "forward" not in vars(result.model)
     finally:
         gc.enable()
+
+
+def test_a_result_built_after_an_interrupt_between_a_losss_two_appends_holds_whole_points():
+    # The kernel's KeyboardInterrupt can land between Recorder.log's two appends (the loss plot's
+    # `Curve.add` failed so in CI: b39e02d): the partial result must pair every step with its loss,
+    # or wb.compare's plot of it fails with "x and y must have same first dimension".
+    from workbench.core.measure.meters import MemoryMeter
+    from workbench.core.measure.recorder import IntervalMeter, Recorder
+
+    class InterruptedOnce(list):
+        def append(self, value):
+            if len(self) == 2:
+                raise KeyboardInterrupt
+            super().append(value)
+
+    state = Recorder(name="cut", total_steps=5, log_every=1, sinks=[], meter=MemoryMeter("cpu"), device="cpu")
+    state.loss_steps, state.timing = InterruptedOnce(), IntervalMeter(start=0.0, first_step=1)
+    with pytest.raises(KeyboardInterrupt):
+        for step, loss in enumerate((2.0, 1.5, 1.25), start=1):
+            state.step = step
+            state.log(loss, lr=None)
+    assert (len(state.losses), len(state.loss_steps)) == (3, 2)
+    result = state.result(config=RunConfig(model="mlp").resolved(), status="interrupted", message="", wall_s=1.0)
+    assert (result.loss_steps, result.losses) == ([1, 2], [2.0, 1.5])
