@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-import conftest
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("run_tests_script", ROOT / "scripts" / "run_tests.py")
@@ -13,7 +13,14 @@ run_tests = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(run_tests)
 
 
-def test_the_serial_and_room_passes_collect_only_the_files_conftest_marks(monkeypatch):
+@pytest.fixture
+def conftest(pytestconfig):
+    """tests/conftest.py as pytest loaded it (`import conftest` may find tests/browser/'s instead)."""
+    path = ROOT / "tests" / "conftest.py"
+    return next(p for p in pytestconfig.pluginmanager.get_plugins() if Path(getattr(p, "__file__", "") or "") == path)
+
+
+def test_the_serial_and_room_passes_collect_only_the_files_conftest_marks(monkeypatch, conftest):
     monkeypatch.chdir(ROOT)
     parallel, serial = run_tests.passes(2, ["--durations=5"])
     serial_files = [key.split("::")[0] for key in conftest.SERIAL]
