@@ -159,8 +159,8 @@ class Recorder:
         timing = self.timing
         # An interrupt (the kernel's KeyboardInterrupt lands between any two bytecodes) can keep a
         # step without its loss or a loss without its step: the result holds whole points only.
-        whole = min(len(self.loss_steps), len(self.losses))
-        if len(self.loss_steps) != whole or len(self.losses) != whole:
+        if len(self.loss_steps) != len(self.losses):
+            whole = min(len(self.loss_steps), len(self.losses))
             self.loss_steps, self.losses = self.loss_steps[:whole], self.losses[:whole]
         rates = timing.run_rates(flops_per_step=self.flops_per_step, text=self.text) if timing else None
         rate = {f: getattr(rates, f) if rates else None for f in ("step_time_s", "samples_per_sec", "tokens_per_sec")}
