@@ -14,6 +14,7 @@ from workbench.core.data import (
     DATASETS,
     build_dataloader,
     catalog,
+    disk_cache,
     load,
     load_data,
     sources,
@@ -149,6 +150,7 @@ def test_max_test_subset_is_the_same_for_every_run_seed() -> None:
 def test_max_train_subsample_is_the_same_after_the_cache_is_cleared() -> None:
     first = load_data("mnist", max_train=50, max_test=30, seed=3)
     load._load_cached.cache_clear()
+    tables._whole.cache_clear()
     tables._prepared.cache_clear()
     again = load_data("mnist", max_train=50, max_test=30, seed=3)
     assert first is not again
@@ -258,3 +260,83 @@ def test_hub_data_set_with_unknown_columns_raises_one_line_error(monkeypatch: py
     with pytest.raises(ValueError) as err:
         load_data("hub:someone/qa")
     assert "\n" not in str(err.value) and "['answer', 'question']" in str(err.value)
+
+
+# The disk cache (disk_cache.py): what a new process reads back is what preparing gives.
+
+@pytest.fixture
+def cache_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv(disk_cache.VARIABLE, str(tmp_path / "cache"))
+    tables._whole.cache_clear()
+    yield tmp_path / "cache"
+    tables._whole.cache_clear()
+
+
+def _through_datasets(name: str, seq_len: int, split: str, limit: int | None, seed: int) -> tuple:
+    """The rows `datasets` itself picks: its shuffle(seed).select(range(limit)), read as torch."""
+    train, test, _ = tables._prepared(name, seq_len)
+    ds = train if split == "train" else test
+    if limit is not None:
+        ds = ds.shuffle(seed=seed).select(range(limit))
+    t = ds.with_format("torch")[:]
+    return t["inputs"], t["labels"].long()
+
+
+@pytest.mark.parametrize("name, seq_len", [("mnist", 0), ("rotten_tomatoes_lm", 48)])
+def test_a_set_read_back_from_the_disk_cache_is_the_one_preparing_gives(cache_folder, monkeypatch, name, seq_len):
+    prepared = tables.load_table(name, seq_len, 100, 30, 7)
+    assert [p.name.split("-")[0] for p in cache_folder.iterdir()] == [name]
+    tables._whole.cache_clear()
+    monkeypatch.setattr(tables, "_prepared", lambda *a: pytest.fail("prepared again, not read back"))
+    read_back = tables.load_table(name, seq_len, 100, 30, 7)
+    whole = tables.load_table(name, seq_len, None, None, 0)
+    monkeypatch.undo()
+    for bundle, (limit_train, limit_test, seed) in ((prepared, (100, 30, 7)), (read_back, (100, 30, 7)),
+                                                    (whole, (None, None, 0))):
+        for split, limit, split_seed in (("train", limit_train, seed), ("test", limit_test, sources.SPLIT_SEED)):
+            inputs, labels = _through_datasets(name, seq_len, split, limit, split_seed)
+            got = getattr(bundle, split)
+            assert inputs.dtype == got.inputs.dtype and torch.equal(inputs, got.inputs) and torch.equal(labels, got.labels)
+    assert (read_back.input_shape, read_back.vocab_size, read_back.num_classes) == (
+        prepared.input_shape, prepared.vocab_size, prepared.num_classes)
+    whole.train.inputs.zero_()  # a bundle's tensors are its own: another load is untouched
+    assert not torch.equal(tables.load_table(name, seq_len, None, None, 0).train.inputs, whole.train.inputs)
+
+
+def test_the_cache_file_is_named_by_the_source_the_code_and_the_packages(tmp_path, monkeypatch):
+    source = tmp_path / "mnist_5k.csv.gz"
+    source.write_bytes(b"one")
+    monkeypatch.setattr(disk_cache, "_source_files", lambda name: [source])
+    first = disk_cache.key("mnist", 0)
+    assert first.startswith("mnist-0-") and disk_cache.key("mnist", 0) == first
+    assert disk_cache.key("mnist", 32) != first
+    source.write_bytes(b"two")  # the file replaced (another size)
+    second = disk_cache.key("mnist", 0)
+    assert second != first
+    monkeypatch.setattr(disk_cache, "_version", lambda package: "9.9" if package == "datasets" else "1.0")
+    assert disk_cache.key("mnist", 0) != second
+    source.unlink()  # a missing source: no name, and the preparing code says what is missing
+    assert disk_cache.key("mnist", 0) is None
+
+
+def test_a_damaged_cache_file_is_prepared_again_and_written_whole(cache_folder):
+    expected = tables.load_table("digits", 0, None, None, 0)
+    file, = cache_folder.iterdir()
+    file.write_bytes(file.read_bytes()[:1000])  # cut short, as a full disk would leave it
+    tables._whole.cache_clear()
+    again = tables.load_table("digits", 0, None, None, 0)
+    assert torch.equal(again.train.inputs, expected.train.inputs)
+    assert disk_cache.read(file.name) is not None and not list(cache_folder.glob(".*partial"))
+
+
+@pytest.mark.parametrize("setting", ["off", "a file, not a folder"])
+def test_a_cache_switched_off_or_unwritable_keeps_nothing_and_still_loads(tmp_path, monkeypatch, setting):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    monkeypatch.setenv(disk_cache.VARIABLE, "off" if setting == "off" else str(blocker / "cache"))
+    tables._whole.cache_clear()
+    try:
+        assert len(tables.load_table("digits", 0, 50, 20, 1).train) == 50
+    finally:
+        tables._whole.cache_clear()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocker"]

@@ -301,14 +301,23 @@ def test_a_compiled_run_follows_the_eager_losses_and_counts_the_same(eager_and_c
     assert compiled.first_step_s > compiled.step_time_s  # the first step paid the compile
 
 
-_COMPILED_TINY_MLP = """
-import dataclasses, json, os
-import workbench as wb
-config = wb.RunConfig(model="mlp", data="digits", steps=6, log_every=2, batch_size=16, dims={"hidden": [16]},
-                      eval_samples=0, device="cpu", preset="cpu-quick")
-compiled = wb.run(dataclasses.replace(config, compile="default"), sinks=[]).losses
-eager = wb.run(config, sinks=[]).losses
-print(json.dumps({"eager": eager, "compiled": compiled, "cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR")}))
+# One small graph (a matmul, an elementwise op, a reduction: the kernel kinds a training step
+# compiles), compiled in a process of its own: 10-18 s each on the 2-core CI machine, where the
+# tiny MLP's whole training run (forward and backward graphs) took ~30 s.
+_COMPILED_GRAPH = """
+import json, os
+import torch
+import workbench  # chooses the inductor cache folder for this process's capability
+from torch._dynamo.utils import counters
+torch.manual_seed(0)
+weight = torch.randn(64, 32)
+def step(x):
+    return (x @ weight).relu().sum(dim=1)
+x = torch.randn(16, 64)
+compiled = torch.compile(step)(x)
+print(json.dumps({"eager": step(x).tolist(), "compiled": compiled.tolist(),
+                  "compiled_here": counters["inductor"]["fxgraph_cache_miss"],
+                  "cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR")}))
 """
 
 
@@ -316,25 +325,29 @@ print(json.dumps({"eager": eager, "compiled": compiled, "cache": os.environ.get(
 def test_a_capped_cpu_never_runs_kernels_compiled_for_another_instruction_set(tmp_path):
     """Inductor's cache is not keyed on ATEN_CPU_CAPABILITY: an AVX2-capped run that found kernels
     compiled uncapped trained on wrong numbers (CI, whose /tmp kept a warm cache: first loss 2.518
-    instead of 2.474). workbench gives each capability its own cache folder."""
+    instead of 2.474). workbench gives each capability its own cache folder: the capped process
+    compiles its own kernels even after the uncapped one filled the cache, and both equal eager."""
     import subprocess
     import sys
 
     base = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "ATEN_CPU_CAPABILITY",
-                                                          "ONEDNN_MAX_CPU_ISA")}
+                                                          "ONEDNN_MAX_CPU_ISA", "WORKBENCH_INDUCTOR_CACHE_DIR")}
     base["TMPDIR"] = str(tmp_path)  # inductor's default cache lives under it: empty, then warmed uncapped
 
-    def losses(**caps):
-        done = subprocess.run([sys.executable, "-c", _COMPILED_TINY_MLP], env={**base, **caps},
+    def compiled(**caps):
+        done = subprocess.run([sys.executable, "-c", _COMPILED_GRAPH], env={**base, **caps},
                               capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         return json.loads(done.stdout.strip().splitlines()[-1])
 
-    uncapped = losses()
-    capped = losses(ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2")
-    assert uncapped["compiled"] == pytest.approx(uncapped["eager"], rel=1e-5)
-    assert capped["compiled"] == pytest.approx(capped["eager"], rel=1e-5)
+    uncapped = compiled()
+    capped = compiled(ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2")
+    again = compiled()  # the control: the same capability finds its kernels
+    for result in (uncapped, capped, again):
+        assert result["compiled"] == pytest.approx(result["eager"], rel=1e-5)
+    assert (uncapped["compiled_here"], capped["compiled_here"], again["compiled_here"]) == (1, 1, 0)
     assert "_aten-avx2_" in capped["cache"] and "_aten-native_" in uncapped["cache"]
+    assert again["cache"] == uncapped["cache"]
 
 
 def test_the_inductor_cache_is_one_per_capability_and_cpu_unless_the_user_chose_one():

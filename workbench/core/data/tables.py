@@ -16,8 +16,9 @@ import os
 from typing import Any
 
 import numpy as np
+import torch
 
-from workbench.core.data import sources
+from workbench.core.data import disk_cache, sources
 from workbench.core.data.catalog import (
     DATASETS,
     DIGITS_MEAN,
@@ -151,16 +152,20 @@ def _prepared(name: str, seq_len: int) -> tuple[Any, Any, dict[str, Any]]:
     return train, test, meta
 
 
-def _materialise(ds: Any, limit: int | None, seed: int) -> TensorDictDataset:
-    if limit is not None and limit < len(ds):
-        ds = ds.shuffle(seed=seed).select(range(limit))  # first N after a seeded shuffle
+def _tensors(ds: Any) -> TensorDictDataset:
     t = ds.with_format("torch")[:]  # one read of the whole table (ds["col"] is a lazy Column)
     return TensorDictDataset(t["inputs"], t["labels"].long())
 
 
-def load_table(name: str, seq_len: int, max_train: int | None, max_test: int | None, seed: int) -> DataBundle:
-    """A prepared in-memory data set: the first `max_train` training examples after a shuffle
-    with `seed`, and `max_test` test examples after a fixed one."""
+@functools.lru_cache(maxsize=8)
+def _whole(name: str, seq_len: int) -> tuple[TensorDictDataset, TensorDictDataset, dict[str, Any]]:
+    """Both whole splits as tensors, and what models need to size themselves: a shipped set's from the
+    disk cache where an earlier process kept it (disk_cache.py), prepared (and kept) otherwise."""
+    file_name = None if name.startswith("hub:") else disk_cache.key(name, seq_len)
+    held = disk_cache.read(file_name) if file_name else None
+    if held is not None:
+        return (TensorDictDataset(*held["train"]), TensorDictDataset(*held["test"]),
+                {**held["meta"], "input_shape": tuple(held["meta"]["input_shape"])})
     # lazy: datasets (pyarrow, fsspec) loads only when a dataset is read
     import datasets
 
@@ -169,10 +174,32 @@ def load_table(name: str, seq_len: int, max_train: int | None, max_test: int | N
     datasets.disable_progress_bars()
     try:
         train, test, meta = _prepared(name, seq_len)
-        # The test subset ignores `seed` so runs with different seeds are still
-        # scored on the same examples.
-        return DataBundle(name=name, train=_materialise(train, max_train, seed),
-                          test=_materialise(test, max_test, SPLIT_SEED), **meta)
+        train, test = _tensors(train), _tensors(test)
     finally:
         if not was_disabled:
             datasets.enable_progress_bars()
+    if file_name:
+        disk_cache.write(file_name, {"train": (train.inputs, train.labels), "test": (test.inputs, test.labels),
+                                     "meta": meta})
+    return train, test, meta
+
+
+def _first_after_shuffle(whole: TensorDictDataset, limit: int | None, seed: int) -> TensorDictDataset:
+    """The first `limit` examples after a shuffle with `seed`: the rows `datasets`' own
+    `shuffle(seed=seed).select(range(limit))` picks (its documented permutation,
+    numpy.random.default_rng(seed)); all of them, in order, for None or a limit past the end. A copy,
+    never the cached tensors: a caller that changes its examples changes no other bundle."""
+    if limit is None or limit >= len(whole):
+        return TensorDictDataset(whole.inputs.clone(), whole.labels.clone())
+    rows = torch.from_numpy(np.random.default_rng(seed).permutation(len(whole))[:limit])
+    return TensorDictDataset(whole.inputs[rows], whole.labels[rows])
+
+
+def load_table(name: str, seq_len: int, max_train: int | None, max_test: int | None, seed: int) -> DataBundle:
+    """A prepared in-memory data set: the first `max_train` training examples after a shuffle
+    with `seed`, and `max_test` test examples after a fixed one."""
+    train, test, meta = _whole(name, seq_len)
+    # The test subset ignores `seed` so runs with different seeds are still
+    # scored on the same examples.
+    return DataBundle(name=name, train=_first_after_shuffle(train, max_train, seed),
+                      test=_first_after_shuffle(test, max_test, SPLIT_SEED), **meta)
