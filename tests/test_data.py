@@ -14,12 +14,12 @@ from workbench.core.data import (
     DATASETS,
     build_dataloader,
     catalog,
-    disk_cache,
     load,
     load_data,
     sources,
     tables,
 )
+from workbench.machine import data_cache
 
 TASKS = {"image_classification", "text_classification", "language_modeling"}
 
@@ -262,11 +262,11 @@ def test_hub_data_set_with_unknown_columns_raises_one_line_error(monkeypatch: py
     assert "\n" not in str(err.value) and "['answer', 'question']" in str(err.value)
 
 
-# The disk cache (disk_cache.py): what a new process reads back is what preparing gives.
+# The disk cache (machine/data_cache.py): what a new process reads back is what preparing gives.
 
 @pytest.fixture
 def cache_folder(tmp_path, monkeypatch):
-    monkeypatch.setenv(disk_cache.VARIABLE, str(tmp_path / "cache"))
+    monkeypatch.setenv(data_cache.VARIABLE, str(tmp_path / "cache"))
     tables._whole.cache_clear()
     yield tmp_path / "cache"
     tables._whole.cache_clear()
@@ -304,19 +304,20 @@ def test_a_set_read_back_from_the_disk_cache_is_the_one_preparing_gives(cache_fo
 
 
 def test_the_cache_file_is_named_by_the_source_the_code_and_the_packages(tmp_path, monkeypatch):
-    source = tmp_path / "mnist_5k.csv.gz"
+    source, code = tmp_path / "mnist_5k.csv.gz", tmp_path / "tables.py"
     source.write_bytes(b"one")
-    monkeypatch.setattr(disk_cache, "_source_files", lambda name: [source])
-    first = disk_cache.key("mnist", 0)
-    assert first.startswith("mnist-0-") and disk_cache.key("mnist", 0) == first
-    assert disk_cache.key("mnist", 32) != first
+    code.write_text("x = 1")
+    first = data_cache.key("mnist", 0, [source], [code])
+    assert first.startswith("mnist-0-") and data_cache.key("mnist", 0, [source], [code]) == first
+    assert data_cache.key("mnist", 32, [source], [code]) != first
     source.write_bytes(b"two")  # the file replaced (another size)
-    second = disk_cache.key("mnist", 0)
-    assert second != first
-    monkeypatch.setattr(disk_cache, "_version", lambda package: "9.9" if package == "datasets" else "1.0")
-    assert disk_cache.key("mnist", 0) != second
+    second = data_cache.key("mnist", 0, [source], [code])
+    code.write_text("x = 2")  # the preparing code changed
+    third = data_cache.key("mnist", 0, [source], [code])
+    monkeypatch.setattr(data_cache, "_version", lambda package: "9.9" if package == "datasets" else "1.0")
+    assert len({first, second, third, data_cache.key("mnist", 0, [source], [code])}) == 4
     source.unlink()  # a missing source: no name, and the preparing code says what is missing
-    assert disk_cache.key("mnist", 0) is None
+    assert data_cache.key("mnist", 0, [source], [code]) is None
 
 
 def test_a_damaged_cache_file_is_prepared_again_and_written_whole(cache_folder):
@@ -326,14 +327,14 @@ def test_a_damaged_cache_file_is_prepared_again_and_written_whole(cache_folder):
     tables._whole.cache_clear()
     again = tables.load_table("digits", 0, None, None, 0)
     assert torch.equal(again.train.inputs, expected.train.inputs)
-    assert disk_cache.read(file.name) is not None and not list(cache_folder.glob(".*partial"))
+    assert data_cache.read(file.name) is not None and not list(cache_folder.glob(".*partial"))
 
 
 @pytest.mark.parametrize("setting", ["off", "a file, not a folder"])
 def test_a_cache_switched_off_or_unwritable_keeps_nothing_and_still_loads(tmp_path, monkeypatch, setting):
     blocker = tmp_path / "blocker"
     blocker.write_text("")
-    monkeypatch.setenv(disk_cache.VARIABLE, "off" if setting == "off" else str(blocker / "cache"))
+    monkeypatch.setenv(data_cache.VARIABLE, "off" if setting == "off" else str(blocker / "cache"))
     tables._whole.cache_clear()
     try:
         assert len(tables.load_table("digits", 0, 50, 20, 1).train) == 50

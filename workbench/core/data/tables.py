@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from workbench.core.data import disk_cache, sources
+from workbench.core.data import catalog, sources
 from workbench.core.data.catalog import (
     DATASETS,
     DIGITS_MEAN,
@@ -31,6 +31,7 @@ from workbench.core.data.catalog import (
     minilm_dir,
 )
 from workbench.core.data.sources import SPLIT_SEED
+from workbench.machine import data_cache
 
 
 def _num_classes(ds: Any) -> int:
@@ -157,12 +158,22 @@ def _tensors(ds: Any) -> TensorDictDataset:
     return TensorDictDataset(t["inputs"], t["labels"].long())
 
 
+def _cache_name(name: str, seq_len: int) -> str | None:
+    try:
+        shipped = sources.files_of(name)
+    except FileNotFoundError:  # its package is missing: preparing says so in one line
+        return None
+    code = [sources.__file__, __file__, catalog.__file__]  # the split, the preparation, the constants
+    return data_cache.key(name, seq_len, shipped, code)
+
+
 @functools.lru_cache(maxsize=8)
 def _whole(name: str, seq_len: int) -> tuple[TensorDictDataset, TensorDictDataset, dict[str, Any]]:
     """Both whole splits as tensors, and what models need to size themselves: a shipped set's from the
-    disk cache where an earlier process kept it (disk_cache.py), prepared (and kept) otherwise."""
-    file_name = None if name.startswith("hub:") else disk_cache.key(name, seq_len)
-    held = disk_cache.read(file_name) if file_name else None
+    disk cache where an earlier process kept it (machine/data_cache.py), prepared (and kept) otherwise.
+    Its file is named by the shipped file it is read from and the text of the modules that prepare it."""
+    file_name = None if name.startswith("hub:") else _cache_name(name, seq_len)
+    held = data_cache.read(file_name) if file_name else None
     if held is not None:
         return (TensorDictDataset(*held["train"]), TensorDictDataset(*held["test"]),
                 {**held["meta"], "input_shape": tuple(held["meta"]["input_shape"])})
@@ -179,7 +190,7 @@ def _whole(name: str, seq_len: int) -> tuple[TensorDictDataset, TensorDictDatase
         if not was_disabled:
             datasets.enable_progress_bars()
     if file_name:
-        disk_cache.write(file_name, {"train": (train.inputs, train.labels), "test": (test.inputs, test.labels),
+        data_cache.write(file_name, {"train": (train.inputs, train.labels), "test": (test.inputs, test.labels),
                                      "meta": meta})
     return train, test, meta
 

