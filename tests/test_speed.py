@@ -342,12 +342,12 @@ def test_a_capped_cpu_never_runs_kernels_compiled_for_another_instruction_set(tm
 
     uncapped = compiled()
     capped = compiled(ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2")
-    again = compiled()  # the control: the same capability finds its kernels
-    for result in (uncapped, capped, again):
+    for result in (uncapped, capped):
         assert result["compiled"] == pytest.approx(result["eager"], rel=1e-5)
-    assert (uncapped["compiled_here"], capped["compiled_here"], again["compiled_here"]) == (1, 1, 0)
+    # A process that found its graph in the cache counts no miss (measured: a third, uncapped process
+    # here counted 0 misses and 1 hit); a counter renamed by a later torch reads 0 and fails this too.
+    assert (uncapped["compiled_here"], capped["compiled_here"]) == (1, 1)
     assert "_aten-avx2_" in capped["cache"] and "_aten-native_" in uncapped["cache"]
-    assert again["cache"] == uncapped["cache"]
 
 
 def test_the_inductor_cache_is_one_per_capability_and_cpu_unless_the_user_chose_one():
