@@ -330,11 +330,18 @@ def test_a_damaged_cache_file_is_prepared_again_and_written_whole(cache_folder):
     assert data_cache.read(file.name) is not None and not list(cache_folder.glob(".*partial"))
 
 
-@pytest.mark.parametrize("setting", ["off", "a file, not a folder"])
+@pytest.mark.parametrize("setting", ["off", "a file, not a folder", "HOME empty"])
 def test_a_cache_switched_off_or_unwritable_keeps_nothing_and_still_loads(tmp_path, monkeypatch, setting):
     blocker = tmp_path / "blocker"
     blocker.write_text("")
-    monkeypatch.setenv(data_cache.VARIABLE, "off" if setting == "off" else str(blocker / "cache"))
+    if setting == "HOME empty":  # read as '/' by expanduser: no cache rather than one at the root
+        monkeypatch.delenv(data_cache.VARIABLE, raising=False)
+        monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+        monkeypatch.setenv("HOME", "")
+        monkeypatch.chdir(tmp_path)
+        assert data_cache.folder() is None
+    else:
+        monkeypatch.setenv(data_cache.VARIABLE, "off" if setting == "off" else str(blocker / "cache"))
     tables._whole.cache_clear()
     try:
         assert len(tables.load_table("digits", 0, 50, 20, 1).train) == 50

@@ -47,9 +47,14 @@ def folder() -> Path | None:
     if chosen:
         return Path(chosen).expanduser()
     base = os.environ.get("XDG_CACHE_HOME", "").strip()
+    if os.path.isabs(base):
+        return Path(base) / "workbench" / "data"
+    home = os.environ.get("HOME")
+    if home is not None and not os.path.isabs(home):  # expanduser reads HOME='' as '/': not a cache's place
+        return None
     try:
-        return (Path(base) if os.path.isabs(base) else Path.home() / ".cache") / "workbench" / "data"
-    except RuntimeError:  # no home directory can be found: nowhere to keep it
+        return Path.home() / ".cache" / "workbench" / "data"
+    except RuntimeError:  # no home folder can be found: nowhere to keep it
         return None
 
 
