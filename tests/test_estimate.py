@@ -93,13 +93,16 @@ def test_the_predicted_peak_is_the_tracked_peak_of_a_real_steady_state_step(chan
 
 
 @pytest.mark.parametrize("changes", [
-    dict(dims=dict(n_layer=6), activation_checkpointing="none", batch_size=4),
+    # replay_groups replays two blocks (two pairs and the odd block under every_other) and scales in
+    # the rest: all but the 7-layer case scale in two groups or more, so a scale off by a group cannot
+    # pass. The whole model's replay is the costly half (~0.25 ms an op): its depth kept that short.
+    dict(dims=dict(n_layer=4), activation_checkpointing="none", batch_size=4),
     dict(dims=dict(n_layer=7), activation_checkpointing="every_other", precision="bf16", grad_accum_steps=2),
-    dict(dims=dict(n_layer=8), activation_checkpointing="all", precision="fp16", device="cuda"),
-    dict(dims=dict(n_layer=6), activation_checkpointing="selective", precision="bf16", grad_accum_steps=2),
+    dict(dims=dict(n_layer=5), activation_checkpointing="all", precision="fp16", device="cuda"),
+    dict(dims=dict(n_layer=4), activation_checkpointing="selective", precision="bf16", grad_accum_steps=2),
     dict(dims=dict(n_layer=9), activation_checkpointing="every_other", device="cuda", batch_size=5),
-    dict(dims=dict(n_layer=6), precision="bf16", grad_accum_steps=3, device="cuda", optimizer="adam"),
-    dict(dims=dict(n_layer=10), activation_checkpointing="all", grad_accum_steps=2, batch_size=1, optimizer="sgd"),
+    dict(dims=dict(n_layer=4), precision="bf16", grad_accum_steps=3, device="cuda", optimizer="adam"),
+    dict(dims=dict(n_layer=5), activation_checkpointing="all", grad_accum_steps=2, batch_size=1, optimizer="sgd"),
 ], ids=lambda c: "-".join(str(v) for v in c.values()))
 def test_two_groups_of_blocks_replayed_and_scaled_equal_the_whole_model_replayed(monkeypatch, changes):
     device = changes.pop("device", "cpu")
