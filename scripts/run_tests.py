@@ -56,7 +56,9 @@ def passes(workers: int, pytest_args: list[str], room: bool = False) -> list[lis
     only = (lambda name: []) if _names_paths(pytest_args) else marked_paths
     if room:
         return [pytest + ["-p", "no:xdist", "-m", "room", *pytest_args, *only("ROOM")]]
-    parallel = ["-n", str(workers), "--dist", "loadfile"] if workers > 1 else ["-p", "no:xdist"]
+    # --no-loadscope-reorder: files handed out in the order tests/conftest.py sorts them, slowest first
+    parallel = (["-n", str(workers), "--dist", "loadfile", "--no-loadscope-reorder"] if workers > 1
+                else ["-p", "no:xdist"])
     return [pytest + parallel + ["-m", "not serial and not room", *pytest_args],
             pytest + ["-p", "no:xdist", "-m", "serial and not room", *pytest_args, *only("SERIAL")]]
 

@@ -39,3 +39,23 @@ def test_tests_the_user_names_are_collected_as_named_in_both_passes(monkeypatch)
 def test_from_another_folder_the_marked_files_are_whole_paths(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     assert run_tests.passes(2, [])[1][-1] == str(ROOT / "tests" / "test_pipeline_bench.py")
+
+
+def test_the_xdist_pass_hands_out_the_slowest_files_first(monkeypatch, conftest):
+    monkeypatch.chdir(ROOT)
+    parallel, serial = run_tests.passes(2, [])
+    assert "--no-loadscope-reorder" in parallel and "--no-loadscope-reorder" not in serial  # no xdist there
+    assert [path for path in conftest.SLOWEST_FIRST if not (ROOT / path).exists()] == []
+
+    class Item:
+        def __init__(self, nodeid):
+            self.nodeid = nodeid
+
+        def add_marker(self, marker):
+            pass
+
+    items = [Item(n) for n in ("tests/test_zz.py::a", "tests/test_cli.py::b", "tests/test_estimate.py::c",
+                               "tests/test_cli.py::a", "tests/test_aa.py::d")]
+    conftest.pytest_collection_modifyitems(None, items)
+    assert [item.nodeid for item in items] == ["tests/test_estimate.py::c", "tests/test_cli.py::b",
+                                               "tests/test_cli.py::a", "tests/test_zz.py::a", "tests/test_aa.py::d"]
