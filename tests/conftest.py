@@ -65,7 +65,8 @@ ROOM = "tests/browser/test_room.py"
 # the order (--no-loadscope-reorder): xdist's own order, most tests first, handed out test_cli,
 # test_two_nodes and notebook 11 (~50 s each, few tests) last, and the pass ended on one worker
 # running them while the other idled. Longest first, the last file handed out is a short one. The
-# order changes only how long the pass takes, never what it checks.
+# order changes only how long the pass takes, never what it checks. (test_cli's torchrun test, ~10 s,
+# has since moved into test_two_nodes' one-machine reference.)
 SLOWEST_FIRST = {
     "tests/test_estimate.py": 144,
     "tests/test_hostile.py": 131,

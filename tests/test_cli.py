@@ -1,4 +1,5 @@
-"""`python -m workbench`: every RunConfig field a flag; the same run under accelerate launch and torchrun."""
+"""`python -m workbench`: every RunConfig field a flag; the same run under accelerate launch (torchrun's
+two processes: tests/test_two_nodes.py, whose one-machine reference is that run)."""
 
 import dataclasses
 import json
@@ -56,7 +57,6 @@ def _env():
 
 # The console scripts, run with this interpreter (the venv need not be on PATH).
 ACCELERATE_LAUNCH = [sys.executable, "-m", "accelerate.commands.launch"]
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
 def _one_process_reference():
@@ -82,13 +82,6 @@ def test_accelerate_launch_runs_two_connected_processes(tmp_path):
     proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
     _check(tmp_path / "r.json", proc)
     assert proc.stdout.count("2 process(es)") == 1  # rank 0 prints; rank 1 trains quietly
-
-
-def test_torchrun_runs_two_connected_processes(tmp_path):
-    cmd = [*TORCHRUN, "--standalone", "--nproc_per_node", "2",  # --standalone: a free port of its own
-           "-m", "workbench", *FLAGS, "--batch-size", "16", "--json", str(tmp_path / "r.json")]
-    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
-    _check(tmp_path / "r.json", proc)
 
 
 def _two_machines(tmp_path, port):

@@ -47,7 +47,7 @@ LEDGER = {
     "python -m workbench --model gpt --precision bf16 --steps 300": (VARIANT, "tests/test_cli.py", "main() with a small model and few steps"),
     "ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 -m workbench": (VARIANT, "tests/test_cli.py", "accelerate.commands.launch with 2 CPU processes and small flags"),
     "accelerate launch --multi_gpu --num_processes 4 -m workbench --model gpt": (NOT_RUN, "", "needs 4 GPUs; the 2-CPU-process variant runs in tests/test_cli.py"),
-    "torchrun --nproc_per_node 4 -m workbench --model gpt": (VARIANT, "tests/test_cli.py", "torch.distributed.run with 2 CPU processes"),
+    "torchrun --nproc_per_node 4 -m workbench --model gpt": (VARIANT, "tests/test_two_nodes.py", "torch.distributed.run --standalone with 2 CPU processes: one world of two, equal to one process of both batches"),
     "accelerate launch --multi_gpu --num_machines 2 --num_processes 16 --machine_rank 0 --main_process_ip 10.0.0.1 --main_process_port 29500 -m workbench --model gpt":
         (VARIANT, "tests/test_cli.py", "two 'machines' on loopback, one process each"),
     "scripts/two_nodes.sh /tmp/wb-nodes --model mlp --data digits --batch-size 32 --steps 12 --log-every 2 --save-every 4":

@@ -3,6 +3,7 @@ loopback) train the same run as one machine's two processes, and a rank killed o
 restarted by torchrun (--max-restarts 1) and resumes from the last save, ending where an unbroken
 run ends: the same losses and the same final weights, bit for bit on CPU."""
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -15,6 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from workbench import run
 from workbench.cli import build_parser, config_from_args, latest_save, main
 from workbench.core.config import ConfigError
 from workbench.launching.launch import free_port
@@ -72,8 +74,17 @@ def test_two_nodes_train_as_one_machine_with_two_processes(unbroken, tmp_path):
            *FLAGS, "--save-state-dir", str(one / "saves"), "--json", str(one / "result.json")]
     proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert json.loads((one / "result.json").read_text())["losses"] == result["losses"]
+    one_machine = json.loads((one / "result.json").read_text())
+    assert one_machine["losses"] == result["losses"]
     assert_same_weights(final_weights(one), final_weights(out))
+    # torchrun's two processes are one world of two (README's `torchrun --nproc_per_node 4 -m
+    # workbench`, here with two CPU processes): together they train what one process trains on
+    # their two batches at once, up to the order the gradient average adds in.
+    saving = FLAGS.index("--save-every")  # saving changes no loss; without its folder it is refused
+    cfg = config_from_args(build_parser().parse_args(FLAGS[:saving] + FLAGS[saving + 2:]))
+    alone = run(dataclasses.replace(cfg, batch_size=2 * cfg.batch_size), sinks=[])
+    assert one_machine["num_processes"] == 2
+    assert one_machine["losses"] == pytest.approx(alone.losses, abs=1e-5)
 
 
 def test_a_killed_rank_is_restarted_and_resumes_from_the_last_save(unbroken, tmp_path):
