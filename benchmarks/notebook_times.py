@@ -7,12 +7,16 @@ record, not a test: a regression shows as a larger figure beside the previous ru
 the environment `make test` uses (one BLAS thread, offline hubs); `--isa avx2` caps
 oneDNN, ATen and FBGEMM (torch's int8 kernels, which honour only their own switch) at
 AVX2, which is what a CPU without AVX-512 (no VNNI, no AVX512-BF16) runs. `--hog` keeps
-one core busy with another process throughout, as a shared machine would.
+one core busy with another process throughout, as a shared machine would. `--start-method spawn`
+makes every process of a kernel (the kernel, its DataLoader workers, launched ranks) start its
+children with spawn, macOS's and Windows' default, on Linux too (.ci/spawn/sitecustomize.py), and
+fails a notebook whose kernel did not use it.
 
     python benchmarks/notebook_times.py --preset cpu-quick --isa avx2 --out benchmarks/results/cpu-quick-avx2.json
     python benchmarks/notebook_times.py --preset cpu --isa avx2 --out benchmarks/results/cpu-avx2.json
     python benchmarks/notebook_times.py --preset cpu --isa avx2 --compare benchmarks/results/cpu-avx2.json
     python benchmarks/notebook_times.py --preset cpu-quick --isa avx2 --hog
+    python benchmarks/notebook_times.py --preset cpu --start-method spawn --notebooks 04_input_pipelines 06_multi_gpu
     python benchmarks/notebook_times.py --table benchmarks/results/cpu-quick-avx2.json benchmarks/results/cpu-avx2.json
 """
 
@@ -48,25 +52,28 @@ def _cell_seconds(cell: dict) -> float | None:
 # resident memory of the kernel and of its largest child (what sizes a room: docs/WORKSHOP.md).
 # On a machine shared with other work the wall time grows with the load; the CPU seconds hardly
 # do, so the record keeps both, and the load average around each notebook.
-_CPU_CELL = """import json as _j, resource as _r, sys as _sys
+_CPU_CELL = """import json as _j, multiprocessing as _m, resource as _r, sys as _sys
 _s, _c = _r.getrusage(_r.RUSAGE_SELF), _r.getrusage(_r.RUSAGE_CHILDREN)
 _k = 1 if _sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
 print("__cpu_seconds__" + _j.dumps([_s.ru_utime + _s.ru_stime, _c.ru_utime + _c.ru_stime,
-                                    _s.ru_maxrss * _k, _c.ru_maxrss * _k]))"""
+                                    _s.ru_maxrss * _k, _c.ru_maxrss * _k, _m.get_start_method()]))"""
 
 
-def _cpu_seconds(cell: dict) -> tuple[float | None, ...]:
-    """(kernel CPU s, children's CPU s, kernel peak RSS MiB, largest child's peak RSS MiB)."""
+def _cpu_seconds(cell: dict) -> tuple[float | str | None, ...]:
+    """(kernel CPU s, children's CPU s, kernel peak RSS MiB, largest child's peak RSS MiB, the kernel's
+    start method)."""
     for output in cell.get("outputs", []):
         for line in output.get("text", "").splitlines():
             if line.startswith("__cpu_seconds__"):
-                own, children, peak, child_peak = json.loads(line.removeprefix("__cpu_seconds__"))
-                return round(own, 1), round(children, 1), round(peak / 2**20), round(child_peak / 2**20)
-    return None, None, None, None
+                own, children, peak, child_peak, method = json.loads(line.removeprefix("__cpu_seconds__"))
+                return round(own, 1), round(children, 1), round(peak / 2**20), round(child_peak / 2**20), method
+    return None, None, None, None, None
 
 
-def run_notebook(path: pathlib.Path, *, timeout_s: int, save_to: pathlib.Path | None) -> dict:
-    """Execute one notebook in a fresh kernel; its time, its cells' times, and how it ended."""
+def run_notebook(path: pathlib.Path, *, timeout_s: int, save_to: pathlib.Path | None,
+                 start_method: str | None = None) -> dict:
+    """Execute one notebook in a fresh kernel; its time, its cells' times, and how it ended. With
+    `start_method`, a kernel that started its processes with another one ends as an error."""
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import (
@@ -89,7 +96,9 @@ def run_notebook(path: pathlib.Path, *, timeout_s: int, save_to: pathlib.Path | 
     except (CellTimeoutError, DeadKernelError) as exc:
         status, error = "timeout" if isinstance(exc, CellTimeoutError) else "dead kernel", str(exc)[:400]
     seconds = time.perf_counter() - began
-    cpu_s, children_cpu_s, peak_mib, child_peak_mib = _cpu_seconds(nb.cells.pop())
+    cpu_s, children_cpu_s, peak_mib, child_peak_mib, method = _cpu_seconds(nb.cells.pop())
+    if status == "ok" and start_method and method != start_method:
+        status, error = "error", f"the kernel's start method was {method!r}, not {start_method!r}"
     if save_to is not None:
         save_to.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, save_to / path.name)
@@ -97,7 +106,7 @@ def run_notebook(path: pathlib.Path, *, timeout_s: int, save_to: pathlib.Path | 
     slowest = sorted(((s, i) for i, s in cells if s is not None), reverse=True)[:5]
     return {"seconds": round(seconds, 1), "status": status, "error": error, "cpu_seconds": cpu_s,
             "children_cpu_seconds": children_cpu_s, "peak_rss_mib": peak_mib, "largest_child_peak_rss_mib": child_peak_mib,
-            "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+            "start_method": method, "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
             "slowest_cells": [{"cell": i, "seconds": round(s, 1)} for s, i in slowest],
             "cells": {str(i): round(s, 1) for i, s in cells if s is not None}}
 
@@ -153,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save-executed", type=pathlib.Path, help="save the executed notebooks in this folder")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="extra environment for the kernels")
     parser.add_argument("--hog", action="store_true", help="keep one core busy with another process throughout")
+    parser.add_argument("--start-method", choices=("spawn",), help="every process in the kernels starts its "
+                        "children with this method (macOS's and Windows' default), checked at the end of each notebook")
     parser.add_argument("--jobs", type=int, default=1, help="notebooks run side by side, each in its own kernel "
                         "(the longest first, by --compare's record; each then shares the CPU with the others)")
     parser.add_argument("--table", nargs="+", type=pathlib.Path, help="print records as a Markdown table, then exit")
@@ -174,13 +185,16 @@ def _run(args: argparse.Namespace) -> int:
            "OPENBLAS_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", **ISA_ENV[args.isa]}
     env.update(item.split("=", 1) for item in args.env)
+    if args.start_method == "spawn":  # first on the kernels' path: sets spawn in every Python process they start
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / ".ci" / "spawn"), os.environ.get("PYTHONPATH")]))
     os.environ.update(env)  # the kernels nbclient starts inherit this environment
 
     names = args.notebooks or [p.name for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))]
     paths = [pathlib.Path(n) if pathlib.Path(n).exists() else
              ROOT / "notebooks" / pathlib.Path(n).with_suffix(".ipynb").name for n in names]
     previous = json.loads(args.compare.read_text())["notebooks"] if args.compare else {}
-    record = {"preset": args.preset, "isa": args.isa, "hog": args.hog, "machine": machine(), "env": env,
+    record = {"preset": args.preset, "isa": args.isa, "hog": args.hog, "start_method": args.start_method,
+              "machine": machine(), "env": env,
               "date": dt.date.today().isoformat(), "notebooks": {}}
     began = time.perf_counter()
     record["jobs"] = args.jobs
@@ -207,14 +221,16 @@ def _results(paths: list[pathlib.Path], args: argparse.Namespace, previous: dict
     each in a process of its own (spawned: nothing inherited from this one)."""
     if args.jobs <= 1:
         for path in paths:
-            yield path, run_notebook(path, timeout_s=args.timeout, save_to=args.save_executed)
+            yield path, run_notebook(path, timeout_s=args.timeout, save_to=args.save_executed,
+                                     start_method=args.start_method)
         return
     import concurrent.futures
     import multiprocessing
 
     longest_first = sorted(paths, key=lambda p: -(previous.get(p.stem, {}).get("seconds") or 0))
     with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {pool.submit(run_notebook, path, timeout_s=args.timeout, save_to=args.save_executed): path
+        futures = {pool.submit(run_notebook, path, timeout_s=args.timeout, save_to=args.save_executed,
+                               start_method=args.start_method): path
                    for path in longest_first}
         for future in concurrent.futures.as_completed(futures):
             yield futures[future], future.result()
