@@ -59,3 +59,17 @@ def test_the_xdist_pass_hands_out_the_slowest_files_first(monkeypatch, conftest)
     conftest.pytest_collection_modifyitems(None, items)
     assert [item.nodeid for item in items] == ["tests/test_estimate.py::c", "tests/test_cli.py::b",
                                                "tests/test_cli.py::a", "tests/test_zz.py::a", "tests/test_aa.py::d"]
+
+
+def test_the_series_script_says_how_it_is_used_and_refuses_what_it_does_not_know():
+    """.ci/series (docs/NOTEBOOK_CI.md section 3) runs whole .ci/runs: too long for a test, so only
+    its arguments are checked here; its runs are the steadiness record in the issue notes."""
+    import subprocess
+
+    usage = subprocess.run(["bash", str(ROOT / ".ci" / "series"), "--help"], capture_output=True, text=True)
+    assert usage.returncode == 0 and ".ci/series -n 1 --no-hog" in usage.stdout
+    refused = subprocess.run(["bash", str(ROOT / ".ci" / "series"), "--runs", "5"], capture_output=True, text=True)
+    assert refused.returncode == 2
+    assert refused.stderr == ".ci/series: unknown argument --runs (see .ci/series --help)\n"
+    missing = subprocess.run(["bash", str(ROOT / ".ci" / "series"), "-c", "no-such-commit"], capture_output=True, text=True)
+    assert missing.returncode == 2 and "no commit no-such-commit" in missing.stderr
