@@ -8,7 +8,7 @@
 Single-threaded BLAS and offline hubs (what CI runs; timings comparable run to run). Two passes
 (docs/NOTEBOOK_CI.md): pytest-xdist workers, a file to a worker (`--dist loadfile`: a notebook's
 cells share one kernel, a module's fixtures are built once), then the tests marked `serial` in
-tests/conftest.py (the browser, timings that need the cores) alone, collected from the files that
+tests/conftest.py (timings that need the cores) alone, collected from the files that
 conftest marks only. Both passes always run; the exit
 status is the worse one (5, nothing selected, counts as passed). The tests marked `room` (the room in
 four browsers, ~4 minutes) run only with --room.
