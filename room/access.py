@@ -4,7 +4,11 @@ A venv whose Python lives under /root (pyenv, conda in root's home: common on cl
 containers) cannot be run by another user: /root is 0700. The room grants its group `workbench-room`
 search (x) on exactly the folders on the way that others cannot pass, by a POSIX ACL entry (the same
 as `setfacl -m g:workbench-room:x DIR`, written as the xattr so the `acl` package is not needed):
-listing stays forbidden, and no other user gains anything. `make room-reset` removes the entries.
+listing stays forbidden, and no other user gains anything. The repository itself is different: the
+learners' Python imports the room's code from it (`python -m room.copies`), and an import lists its
+folder (a folder that may be searched but not read finds no module: `No module named 'room'`, seen
+with a clone in a 0700 folder from `mktemp -d`). A repository folder others may not read and search
+gets read and search (r-x) for the group instead. `make room-reset` removes the entries.
 """
 
 from __future__ import annotations
@@ -32,26 +36,37 @@ def closed_folders(paths: list[Path]) -> list[Path]:
     return closed
 
 
-def _acl(mode: int, gid: int) -> bytes:
-    """An access ACL equal to `mode` plus search for group `gid` (entries in the kernel's order)."""
+def unreadable_folders(folders: list[Path]) -> list[Path]:
+    """Of `folders` themselves, those others may not both read and search (r-x)."""
+    return [Path(os.path.realpath(f)) for f in folders
+            if os.stat(f).st_mode & (stat.S_IROTH | stat.S_IXOTH) != stat.S_IROTH | stat.S_IXOTH]
+
+
+SEARCH, READ_AND_SEARCH = 1, 5  # the group entry's permission bits: x, r-x
+
+
+def _acl(mode: int, gid: int, perms: int = SEARCH) -> bytes:
+    """An access ACL equal to `mode` plus `perms` for group `gid` (entries in the kernel's order)."""
     entries = [(_USER_OBJ, (mode >> 6) & 7, _UNDEFINED_ID), (_GROUP_OBJ, (mode >> 3) & 7, _UNDEFINED_ID),
-               (_GROUP, 1, gid), (_MASK, ((mode >> 3) & 7) | 1, _UNDEFINED_ID), (_OTHER, mode & 7, _UNDEFINED_ID)]
+               (_GROUP, perms, gid), (_MASK, ((mode >> 3) & 7) | perms, _UNDEFINED_ID), (_OTHER, mode & 7, _UNDEFINED_ID)]
     return struct.pack("<I", _VERSION) + b"".join(struct.pack("<HHI", *entry) for entry in entries)
 
 
-def grant(folders: list[Path]) -> list[dict]:
-    """Give the room's group search on each folder; what to undo (the folder and its old mode)."""
+def grant(folders: list[Path], perms: int = SEARCH) -> list[dict]:
+    """Give the room's group `perms` on each folder; what to undo (the folder and its old mode)."""
     gid = grp.getgrnam(GROUP).gr_gid
     done = []
     for folder in folders:
         mode = stat.S_IMODE(os.stat(folder).st_mode)
-        os.setxattr(folder, _XATTR, _acl(mode, gid))
+        os.setxattr(folder, _XATTR, _acl(mode, gid, perms))
         done.append({"folder": str(folder), "mode": mode})
     return done
 
 
 def revoke(grants: list[dict]) -> None:
-    for entry in grants:
+    """Undo `grant`s, the latest first: a folder granted twice (a second `make room`) recorded the mode
+    the first grant left, so its first record, restored last, is the one it had before the room."""
+    for entry in reversed(grants):
         try:
             os.removexattr(entry["folder"], _XATTR)
         except OSError:

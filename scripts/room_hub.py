@@ -152,16 +152,22 @@ def _write_kernel_spec(state: Path, python: str) -> None:
 
 def _let_learners_run_python(state: Path) -> None:
     """Learners run this Python, read this repository and the room's kernel spec (in the state folder):
-    grant search where a folder bars them."""
+    grant search where a folder on the way bars them, and read as well on the repository itself."""
     closed = access.closed_folders([Path(sys.executable), Path(sys.prefix), Path(sys.base_prefix), REPO, state])
-    if not closed:
+    unreadable = access.unreadable_folders([REPO])
+    closed = [folder for folder in closed if folder not in unreadable]  # the venv's parents include REPO
+    if not closed and not unreadable:
         return
     grants_file = state / "grants.json"
     grants = json.loads(grants_file.read_text()) if grants_file.exists() else []
-    grants += access.grant(closed)
+    grants += access.grant(closed) + access.grant(unreadable, access.READ_AND_SEARCH)
     grants_file.write_text(json.dumps(grants))
-    print(f"the learners may now pass (x, not list) {', '.join(map(str, closed))} to run {sys.executable} "
-          "(a POSIX ACL for the group workbench-room; make room-reset removes it)")
+    if closed:
+        print(f"the learners may now pass (x, not list) {', '.join(map(str, closed))} to run {sys.executable} "
+              "(a POSIX ACL for the group workbench-room; make room-reset removes it)")
+    if unreadable:
+        print(f"the learners may now read (r-x) {REPO} to import the room's code from it "
+              "(a POSIX ACL for the group workbench-room; make room-reset removes it)")
 
 
 def _check_proxy() -> None:

@@ -72,6 +72,29 @@ def test_closed_folders_are_the_ones_others_cannot_pass(tmp_path):
     assert (tmp_path / "closed/open") not in access.closed_folders([inner])
 
 
+def test_a_repository_others_cannot_read_is_found_to_need_read_and_search(tmp_path):
+    # `python -m room.copies` as a learner lists the repository to import from it: with search alone
+    # (a clone in a 0700 folder) it found "No module named 'room'" and no learner's server started
+    repo, shared = tmp_path / "clone", tmp_path / "shared"
+    repo.mkdir(mode=0o700)
+    shared.mkdir(mode=0o755)
+    os.chmod(repo, 0o700)  # whatever the umask
+    assert access.unreadable_folders([repo, shared]) == [repo]
+    acl = access._acl(0o700, 1234, access.READ_AND_SEARCH)
+    entries = [struct.unpack("<HHI", acl[i:i + 8]) for i in range(4, len(acl), 8)]
+    assert (0x08, 5, 1234) in entries and (0x10, 5, 0xFFFFFFFF) in entries and (0x20, 0, 0xFFFFFFFF) in entries
+
+
+def test_folders_granted_twice_get_back_the_mode_they_had_before_the_room(tmp_path, monkeypatch):
+    folder = tmp_path / "f"
+    folder.mkdir()
+    os.chmod(folder, 0o700)
+    monkeypatch.setattr(access.os, "removexattr", lambda *a: None)
+    grants = [{"folder": str(folder), "mode": 0o700}, {"folder": str(folder), "mode": 0o710}]  # 2nd: after the 1st ACL
+    access.revoke(grants)
+    assert os.stat(folder).st_mode & 0o777 == 0o700
+
+
 def test_the_acl_entry_gives_the_group_search_only():
     acl = access._acl(0o700, 1234)
     version, entries = struct.unpack("<I", acl[:4])[0], [struct.unpack("<HHI", acl[i:i + 8]) for i in range(4, len(acl), 8)]
