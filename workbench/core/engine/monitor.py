@@ -40,6 +40,7 @@ from workbench.core.engine.ending import Diverged, RunInterrupted, non_finite_lo
 from workbench.core.engine.state import LossWindow
 from workbench.core.measure.counters import SavedActivationCounter
 from workbench.core.measure.flops import FlopCounter
+from workbench.core.measure.heap import frozen_heap
 from workbench.core.measure.meters import MemoryMeter
 from workbench.core.measure.recorder import Recorder
 from workbench.core.measure.records import Sink, checked_sinks
@@ -143,10 +144,13 @@ class Monitor:
         self.recorder.start(precision=precision, config={"loop": "hand-written", **dataclasses.asdict(self.description)},
                             warnings=tuple(w for w in [hardware.emulation_warning(self.device.type, precision)] if w))
         self.recorder.begin()
+        self._heap = frozen_heap()  # a kernel's whole heap is not scanned inside a timed step (measure/heap.py)
+        self._heap.__enter__()
         self._outside_since = time.perf_counter()
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: Any) -> bool:
+        self._heap.__exit__(None, None, None)
         status, message, damaged = "ok", "", None
         if kind is None and self._losses_given:  # the loop stopped between log steps: its last losses are read
             try:

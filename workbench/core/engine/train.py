@@ -46,6 +46,7 @@ from workbench.core.measure.counters import (
     parameter_bytes,
 )
 from workbench.core.measure.flops import FlopCounter
+from workbench.core.measure.heap import frozen_heap
 from workbench.core.measure.meters import MemoryMeter
 from workbench.core.measure.records import Sink, checked_sinks
 from workbench.core.measure.result import RunResult
@@ -295,16 +296,22 @@ def _finish(r: _Run, keep_model: bool) -> RunResult:
 
 def _train(r: _Run, model: Any, loader: Any) -> None:
     """Fetch, forward, backward, step; at log steps measure, and tell the sinks."""
-    cfg, accelerator, state, optimizer = r.cfg, r.accelerator, r.state, r.optimizer
-    on_accelerator = accelerator.device.type != "cpu"
+    accelerator, state = r.accelerator, r.state
     model.train()
     state.begin()  # the memory peak and the clock from here on are this run's
-    timing = state.timing
     batches = _batches(accelerator, loader, state.data_position)
     window = LossWindow(accelerator.device)  # this interval's losses, kept on the device: no sync per step
     window_start = state.step + 1  # the optimizer step of the window's first micro-batch
     phases = LoopPhases()  # technique: profiler. Named ranges, only while a torch.profiler runs
+    with frozen_heap():  # a kernel's whole heap is not scanned inside a timed step (measure/heap.py)
+        _steps(r, model, batches, window, window_start, phases)
+    phases.close()
 
+
+def _steps(r: _Run, model: Any, batches: Any, window: LossWindow, window_start: int, phases: LoopPhases) -> None:
+    """The loop itself, to the last step (or the error that stops it)."""
+    cfg, accelerator, state, optimizer = r.cfg, r.accelerator, r.state, r.optimizer
+    on_accelerator, timing = accelerator.device.type != "cpu", state.timing
     while state.step < cfg.steps:
         phases.enter("data")
         fetch_start = time.perf_counter()
@@ -352,7 +359,6 @@ def _train(r: _Run, model: Any, loader: Any) -> None:
             continue
         window_start = _log_step(r, window, window_start, phases=phases)
         state.restart_clock()  # the sinks' time and a save's are not a step's
-    phases.close()
 
 
 def _check_budget(r: _Run, model: Any) -> None:
