@@ -31,10 +31,10 @@ def test_an_unanswered_check_prints_the_hint_and_nothing_of_the_truth(capsys):
 def test_an_unanswered_speed_check_does_not_print_the_measured_direction(capsys):
     from workbench.lessons import tour
 
-    class Free:
-        free, share = True, 1.0
+    from workbench.lessons.contention import CoreShare
 
-    tour.check_speed(None, 1.88, Free(), device="cpu")
+    free = CoreShare(cpu_s=1.0, wall_s=1.0, threads=1)
+    tour.check_speed(None, tour.BatchSpeed((64, 256), 1.88, [1.88], (1.0, 1.88), 5, "cpu", free))
     out = capsys.readouterr().out
     assert "1.88" not in out and "'up'" not in out and "Not answered yet" in out
 

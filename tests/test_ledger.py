@@ -66,12 +66,12 @@ def test_an_unwritable_ledger_warns_in_one_line_and_the_check_still_works(tmp_pa
 
 
 def test_a_timing_not_checked_on_a_busy_core_is_recorded_as_not_checked(ledger_file, monkeypatch):
-    class Busy:
-        free, share = False, 0.3
+    from workbench.lessons.contention import CoreShare
 
+    busy = CoreShare(cpu_s=0.3, wall_s=1.0, threads=1)
     monkeypatch.delenv("WORKBENCH_MAX_STEPS", raising=False)
     answer_b = "down"
-    tour.check_speed(answer_b, 1.5, Busy(), device="cpu")
+    tour.check_speed(answer_b, tour.BatchSpeed((64, 256), 1.5, [1.5], (1.0, 1.5), 5, "cpu", busy))
     (recorded,) = read_rows(ledger_file)
     assert (recorded["exercise"], recorded["predicted"], recorded["measured"]) == ("answer_b", "down", "up")
     assert recorded["verdict"].startswith("not checked")

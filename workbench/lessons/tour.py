@@ -1,5 +1,11 @@
-"""Notebook 00's helpers: the free-core guard for its one timing, and its claims checked
-(asserts and internal imports that would otherwise sit in a learner's cells).
+"""Notebook 00's helpers: the two batch sizes timed in turns under one free-core guard, and the
+tour's claims checked (asserts and internal imports that would otherwise sit in a learner's cells).
+
+Why in turns: the two `wb.run`s of the exercise are timed at different moments, a few cells apart.
+On a 2-core machine whatever else runs meanwhile (a second notebook, CI's other test worker) can
+slow one of them and not the other, and a ratio of the two can then read anything: a clean-clone
+test run measured 'same' for a change that reads 1.5x on a quiet machine. `batch_speed` times a
+few steps of each in alternation, round after round, and takes the median per-round ratio.
 
 Example:
     >>> direction(2.0), direction(1.05), direction(0.5)
@@ -8,15 +14,18 @@ Example:
 
 from __future__ import annotations
 
+import statistics
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.classroom.ledger import record
 from workbench.core.presets import get_preset
 from workbench.lessons import evidence
-from workbench.lessons.contention import CoreShare, core_share
+from workbench.lessons.contention import CoreShare, OtherWork, core_share, other_work
 from workbench.lessons.exercises import check
 
-__all__ = ["check_speed", "claim_rows", "core_share", "direction"]
+__all__ = ["BatchSpeed", "batch_speed", "check_speed", "claim_rows", "direction"]
 
 
 def direction(ratio: float) -> str:
@@ -24,38 +33,119 @@ def direction(ratio: float) -> str:
     return "up" if ratio > 1.1 else "down" if ratio < 1 / 1.1 else "same"
 
 
-def _timing_counts(share: CoreShare, device: str) -> bool:
-    # A capped smoke run (WORKBENCH_MAX_STEPS) times two or three steps: too few to rank two rates
-    # (CI's gpu-shapes pass on a CPU measured 'same' for a batch-size change that is 'up' uncapped).
-    # A GPU run's process mostly waits for the GPU (an H200 read 5% of a core): the guard is for CPUs.
-    return not get_preset().capped and (device == "cuda" or share.free)
+@dataclass(frozen=True, slots=True)
+class BatchSpeed:
+    """Samples/s of two batch sizes, timed in alternating turns of a few training steps each."""
+
+    batch_sizes: tuple[int, int]
+    ratio: float
+    """Median over rounds of (the larger batch's samples/s / the baseline's)."""
+    ratios: list[float]
+    samples_per_sec: tuple[float, float]
+    """Each batch size's median samples/s over its turns."""
+    steps: int
+    """Training steps in one turn."""
+    device: str
+    core: CoreShare = field(default_factory=CoreShare)
+    """The share of a core this process got while the turns ran."""
+    others: OtherWork = field(default_factory=OtherWork)
+    """What other processes took of the CPU meanwhile (shown; the guard is `core`)."""
+
+    @property
+    def counts(self) -> bool:
+        """Whether the ratio may be asserted: not a capped smoke run, and a GPU or a free core."""
+        return not get_preset().capped and (self.device == "cuda" or self.core.free)
+
+    def why_not(self) -> str:
+        """The measured reason the ratio is shown, not asserted ('' when it counts)."""
+        if self.counts:
+            return ""
+        capped = get_preset().capped
+        if capped:
+            return f"a capped run ({capped}) times too few steps to rank two rates"
+        return f"this process had {self.core.share:.0%} of a core"
+
+    def __str__(self) -> str:
+        (b, big), (rate, rate_big) = self.batch_sizes, self.samples_per_sec
+        guard = ("a GPU: the process mostly waits for it" if self.device == "cuda"
+                 else f"this process had {self.core.share:.0%} of a core; {self.others}")
+        return (f"batch {big}: {rate_big:,.0f} samples/s, batch {b}: {rate:,.0f} samples/s -> {self.ratio:.2f}x "
+                f"(median of {len(self.ratios)} rounds of {self.steps} steps each, in turns; {guard})")
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:  # IPython shows the sentence, not the fields
+        p.text(str(self))
 
 
-def _why_not_timed(share: CoreShare) -> str:
-    return _busy(share) + ("" if get_preset().capped else " (rerun on a quiet machine)")
+def _sync(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()  # timing steps, not training: a sync per turn is right here
 
 
-def _busy(share: CoreShare) -> str:
-    capped = get_preset().capped
-    return (f"a capped run ({capped}) times too few steps to rank two rates" if capped
-            else f"this process had {share.share:.0%} of a core")
+def batch_speed(config: Any, larger: Any, *, rounds: int = 9, steps: int = 5, max_seconds: float = 20.0) -> BatchSpeed:
+    """Time the training step of `config` and of `larger` (the same run at a larger batch) in
+    turns: one warm-up turn each, then `rounds` rounds of `steps` steps of each, alternating which
+    goes first. The steps are `wb.run`'s (forward, cross-entropy, backward, AdamW, zero_grad) on
+    `wb.training_parts`' model and batches. `max_seconds`: past it no new round starts (at least 3
+    run), so a larger preset measures fewer rounds instead of taking minutes. A capped smoke run
+    (WORKBENCH_MAX_STEPS) times one round of one step: enough to run the code, not to rank."""
+    import torch.nn.functional as F
+
+    from workbench.api import training_parts  # lazy: importing workbench.lessons stays light
+
+    if get_preset().capped:
+        rounds, steps = 1, 1
+    if rounds < 1 or steps < 1:
+        raise ValueError(f"rounds={rounds} and steps={steps} must both be >= 1")
+    parts = [training_parts(c) for c in (config, larger)]
+    device = str(next(parts[0].model.parameters()).device.type)
+
+    def turn(i: int) -> float:
+        _, model, optimizer, batches = parts[i]
+        _sync(device)
+        start = time.perf_counter()
+        for _ in range(steps):
+            batch = next(batches)
+            F.cross_entropy(model(batch["inputs"]), batch["labels"]).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        _sync(device)
+        return time.perf_counter() - start
+
+    sizes = tuple(p.config.batch_size for p in parts)
+    turn(0), turn(1)  # warm-up: allocator, kernels, the loaders' first shuffle
+    times: tuple[list[float], list[float]] = ([], [])
+    began = time.perf_counter()
+    with other_work() as others, core_share() as share:
+        for r in range(rounds):
+            if r >= 3 and time.perf_counter() - began > max_seconds:
+                break
+            for i in ((0, 1) if r % 2 == 0 else (1, 0)):  # neither always runs on a cache the other warmed
+                times[i].append(turn(i))
+    ratios = [(sizes[1] / t_big) / (sizes[0] / t) for t, t_big in zip(*times)]
+    rates = tuple(statistics.median(size * steps / t for t in ts) for size, ts in zip(sizes, times))
+    return BatchSpeed(batch_sizes=sizes, ratio=statistics.median(ratios), ratios=ratios, samples_per_sec=rates,
+                      steps=steps, device=device, core=share, others=others)
 
 
-def check_speed(answer: str | None, ratio: float, share: CoreShare, *, device: str) -> None:
+def check_speed(answer: str | None, speed: BatchSpeed) -> None:
     """Check a predicted direction of samples/s ('up', 'down', 'same') against the measured ratio;
     on a shared core, where a timing can read anything, a different answer is explained, not failed.
     Unanswered, it prints the hint only: the measured direction is the exercise's answer."""
-    measured = direction(ratio)
-    if not isinstance(answer, str) or answer == measured or _timing_counts(share, device):  # None, or check() refuses it
+    measured = direction(speed.ratio)
+    why_not = speed.why_not() + ("" if get_preset().capped else " (rerun on a quiet machine)")
+    if not isinstance(answer, str) or answer == measured or speed.counts:  # None, or check() refuses it
         check(answer, measured, hint="how big is each matmul now, and who pays the per-step Python overhead?")
     else:
-        print(f"measured: {ratio:.2f}x the samples per second -> {measured!r}; you predicted {answer!r}; "
-              f"not checked: {_why_not_timed(share)}")
-        record(answer, measured, verdict=f"not checked: {_why_not_timed(share)}")
+        print(f"measured: {speed.ratio:.2f}x the samples per second -> {measured!r}; you predicted {answer!r}; "
+              f"not checked: {why_not}")
+        record(answer, measured, verdict=f"not checked: {why_not}")
 
 
-def claim_rows(baseline: Any, larger: Any, share: CoreShare) -> list[tuple[Any, ...]]:
-    """The tour's claims against its runs: the baseline MLP and the same run at a larger batch.
+def claim_rows(baseline: Any, larger: Any, speed: BatchSpeed) -> list[tuple[Any, ...]]:
+    """The tour's claims against its runs (the baseline MLP and the same run at a larger batch)
+    and `speed`, the two batch sizes timed in turns.
 
     Asserts what holds exactly (saved activations linear in the batch: the same bytes a
     sample at both sizes, plus the loss's one 4-byte scalar; FLOPs 6 per weight per sample
@@ -71,19 +161,17 @@ def claim_rows(baseline: Any, larger: Any, share: CoreShare) -> list[tuple[Any, 
     weights = 784 * h1 + h1 * h2 + h2 * 10  # the MLP's matmul weights (MNIST's 784 pixels in, 10 classes out)
     assert baseline.flops_per_step == b * (6 * weights - 2 * 784 * h1)  # nobody needs the pixels' gradient
 
-    speedup = larger.samples_per_sec / baseline.samples_per_sec
-    asserted = _timing_counts(share, baseline.device)
-    # How much better depends on the model's size and the CPU: under the cpu preset on an AVX2 CPU
-    # (MLP 512-512, batch 128 -> 512) it measured 1.28x, under cpu-quick ~2x. On a free core a
-    # larger batch must not be slower per sample; the verdict grades the rest.
-    if asserted:
-        assert speedup > 1.0, f"batch {big} ran {speedup:.2f}x the samples/s of batch {b}: a larger batch should not be slower"
-    timing = "asserted > 1x" if asserted else "not asserted"
-    verdict = "holds" if speedup > 1.5 else f"holds in part: {speedup:.2f}x, the matmuls were already large"
+    ratio = speed.ratio
+    # How much better depends on the model's size and the CPU. On a free core a larger batch must
+    # not be slower per sample; the verdict grades the rest.
+    if speed.counts:
+        assert ratio > 1.0, f"batch {big} ran {ratio:.2f}x the samples/s of batch {b}: a larger batch should not be slower"
+    timing = "asserted > 1x" if speed.counts else "not asserted"
+    verdict = "holds" if ratio > 1.5 else f"holds in part: {ratio:.2f}x, the matmuls were already large"
     return [
         ("a larger batch uses the hardware better (more samples/s)", "PyTorch performance tuning guide",
-         f"batch {big}: {speedup:.2f}x the samples/s of batch {b} ({timing})", verdict,
-         evidence.speed(speedup, 1.0, free_core=asserted, why_busy="" if asserted else _busy(share))),
+         f"batch {big}: {ratio:.2f}x the samples/s of batch {b}, timed in turns ({timing})", verdict,
+         evidence.speed(ratio, 1.0, free_core=speed.counts, why_busy=speed.why_not())),
         ("saved activations grow linearly with the batch", "Korthikanti et al. 2022",
          f"{per_sample:,} bytes a sample at batch {b} and {big}, + {constant} (the loss), exact", "holds: to the byte",
          evidence.count()),
