@@ -492,3 +492,32 @@ def test_importing_the_dashboard_module_stays_light():
         "assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_when_the_numbers_cost_more_than_the_curve_they_still_get_their_turn(timed, clock, monkeypatch):
+    # The same starvation with the costs the other way round (a make test beside a browser read
+    # "step 20 / 3000" throughout a live run): the curve, checked first, always fitted in the room
+    # as it freed before the dearer numbers did. After two curve updates the curve now waits.
+    dash, cost = timed
+    draw, draw_numbers = dash.plot.draw, dash._draw_numbers
+
+    def slow_draw(curve) -> None:
+        cost.now += 0.01
+        draw(curve)
+
+    def slow_numbers() -> None:
+        cost.now += 0.03
+        draw_numbers()
+
+    monkeypatch.setattr(dash.plot, "draw", slow_draw)
+    monkeypatch.setattr(dash, "_draw_numbers", slow_numbers)
+    dash.start(start(total=200))
+    shown = []
+    for i in range(1, 201):  # 20 s of records
+        clock.now += 0.1
+        dash.log(step(i, total=200))
+        shown.append(dash.step_text.value.split(" &middot;")[0])
+    assert dash.numbers_updates >= 3, dash.numbers_updates
+    assert len(set(shown)) >= 3, sorted(set(shown))
+    assert dash.plot_updates >= 3, dash.plot_updates
+    assert dash.live_busy_s <= 0.01 * clock.now + 0.03

@@ -140,6 +140,7 @@ class Dashboard:
         self.last_png: bytes | None = None
         self._last_numbers = self._last_plot = -math.inf
         self._plots_since_numbers = 0  # curve updates since the numbers' last
+        self._plot_refused = False  # since the numbers' last: the curve alone fills the budget
         self._costs: dict[str, float] = {}
         self._displayed_in: int | None = None
         self._handle: Any = None  # the display of this view in the cell that shows it
@@ -201,13 +202,16 @@ class Dashboard:
         if self._guard("log", self._record, record):
             now = self.clock()
             # The curve first: when the budget is tight it is the part a learner watches.
-            if now - self._last_plot >= self.plot_interval_s and self._affordable("plot", now):
-                self._last_plot = now
-                self._plots_since_numbers += 1
-                self._guard("plot", self._timed, "plot", self._draw_plot)
+            if now - self._last_plot >= self.plot_interval_s:
+                if self._affordable("plot", now):
+                    self._last_plot = now
+                    self._plots_since_numbers += 1
+                    self._guard("plot", self._timed, "plot", self._draw_plot)
+                else:
+                    self._plot_refused = True
             if now - self._last_numbers >= self.numbers_interval_s and self._affordable("numbers", now):
                 self._last_numbers = now
-                self._plots_since_numbers = 0
+                self._plots_since_numbers, self._plot_refused = 0, False
                 self._guard("numbers", self._timed, "numbers", self._draw_numbers)
         spent = self.timer() - began
         self.busy_s += spent
@@ -215,18 +219,26 @@ class Dashboard:
 
     def _affordable(self, part: str, now: float) -> bool:
         """Whether an update of `part` keeps the view within its budget of the time since its
-        run's first log step. The numbers leave room for the next curve update: when the budget
-        is tight (a loaded machine), the curve keeps its pace and the numbers slow down. They
-        slow down, not stop: once the curve has moved `_PLOTS_PER_NUMBERS` times without them,
-        the numbers take the next room there is. Without that, a curve that costs more than the
-        budget allows at 2 Hz takes every bit of room as it frees, and the step counter stayed
-        at "step 20 / 3000" while the curve grew (CI, a busy core)."""
+        run's first log step. When the budget is tight (a loaded machine) the curve keeps its pace
+        and the numbers slow down, but never stop. Each leaves room for the other in turn: the
+        numbers for the next curve update, until the curve has moved `_PLOTS_PER_NUMBERS` times
+        without them; then, if the curve alone fills the budget (it was refused since the numbers'
+        last update), the curve for the numbers. Without the first turn, a curve dearer than the
+        budget allows at 2 Hz took every bit of room as it freed (CI, a busy core); without the
+        second, a curve cheaper than the numbers fitted into the freed room first, every time (make
+        test beside a browser). Both times the step counter stayed at "step 20 / 3000" while the
+        curve grew."""
         if (self._last_plot if part == "plot" else self._last_numbers) == -math.inf:
             return True  # each part's first update of a run goes at once
         view = self.current
         elapsed = now - view.first_log_at if view is not None and view.first_log_at is not None else 0.0
-        leave_room = part == "numbers" and self._plots_since_numbers < _PLOTS_PER_NUMBERS
-        cost = self._costs.get(part, 0.0) + (self._costs.get("plot", 0.0) if leave_room else 0.0)
+        turn = self._plots_since_numbers >= _PLOTS_PER_NUMBERS
+        if part == "numbers":
+            leave_room = "plot" if not turn else None
+        else:
+            numbers_due = now - self._last_numbers >= self.numbers_interval_s
+            leave_room = "numbers" if turn and numbers_due and self._plot_refused else None
+        cost = self._costs.get(part, 0.0) + (self._costs.get(leave_room, 0.0) if leave_room else 0.0)
         return self.live_busy_s + cost <= _VIEW_BUDGET * elapsed
 
     def _timed(self, part: str, draw: Callable[[], None]) -> None:
@@ -288,7 +300,7 @@ class Dashboard:
         self.details.value, self.details.layout.display = "", "none"
         self.numbers.value = '<span style="opacity:0.6">the numbers appear at the first log step</span>'
         self._last_numbers = self._last_plot = -math.inf  # show the first step at once
-        self._plots_since_numbers = 0
+        self._plots_since_numbers, self._plot_refused = 0, False
         self.live_busy_s = 0.0  # each run's budget is its own
         if self.auto_display and _shell() is not None and self._displayed_in != _cell():
             # notebook-only: importing workbench stays free of Jupyter (tests/test_dashboard.py)
