@@ -84,7 +84,8 @@ def test_batch_speed_times_both_batch_sizes_in_turns_under_one_guard(monkeypatch
 
     monkeypatch.setenv("WORKBENCH_PRESET", "cpu-quick")
     config = wb.RunConfig(model="mlp", data="mnist", batch_size=16, dims={"hidden": (32, 32)})
-    measured = batch_speed(config, dataclasses.replace(config, batch_size=64), rounds=3, steps=2)
+    measured = batch_speed(wb.training_parts(config), wb.training_parts(dataclasses.replace(config, batch_size=64)),
+                           rounds=3, steps=2)
     assert measured.batch_sizes == (16, 64) and measured.steps == 2 and len(measured.ratios) == 3
     assert measured.core.wall_s > 0 and measured.others.wall_s > 0  # the guard covered the turns
     # the ratio is the median of the rounds' ratios, each a quotient of samples per second
@@ -98,7 +99,7 @@ def test_a_capped_smoke_run_times_one_step_and_never_asserts(monkeypatch):
     monkeypatch.setenv("WORKBENCH_PRESET", "cpu-quick")
     monkeypatch.setenv("WORKBENCH_MAX_STEPS", "2")
     config = wb.RunConfig(model="mlp", data="mnist", batch_size=16, dims={"hidden": (32, 32)})
-    measured = batch_speed(config, dataclasses.replace(config, batch_size=64))
+    measured = batch_speed(wb.training_parts(config), wb.training_parts(dataclasses.replace(config, batch_size=64)))
     assert (len(measured.ratios), measured.steps, measured.counts) == (1, 1, False)
     assert "WORKBENCH_MAX_STEPS=2" in measured.why_not()
 
@@ -107,4 +108,5 @@ def test_batch_speed_refuses_no_rounds():
     import workbench as wb
 
     with pytest.raises(ValueError, match="rounds=0"):
-        batch_speed(wb.RunConfig(model="mlp"), wb.RunConfig(model="mlp"), rounds=0)
+        parts = wb.training_parts(wb.RunConfig(model="mlp", preset="cpu-quick"))
+        batch_speed(parts, parts, rounds=0)

@@ -19,6 +19,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+import torch.nn.functional as F
+
 from workbench.classroom.ledger import record
 from workbench.core.presets import get_preset
 from workbench.lessons import evidence
@@ -78,28 +81,22 @@ class BatchSpeed:
 
 def _sync(device: str) -> None:
     if device == "cuda":
-        import torch
-
         torch.cuda.synchronize()  # timing steps, not training: a sync per turn is right here
 
 
-def batch_speed(config: Any, larger: Any, *, rounds: int = 9, steps: int = 5, max_seconds: float = 20.0) -> BatchSpeed:
-    """Time the training step of `config` and of `larger` (the same run at a larger batch) in
-    turns: one warm-up turn each, then `rounds` rounds of `steps` steps of each, alternating which
-    goes first. The steps are `wb.run`'s (forward, cross-entropy, backward, AdamW, zero_grad) on
-    `wb.training_parts`' model and batches. `max_seconds`: past it no new round starts (at least 3
-    run), so a larger preset measures fewer rounds instead of taking minutes. A capped smoke run
+def batch_speed(parts: Any, larger: Any, *, rounds: int = 9, steps: int = 5, max_seconds: float = 20.0) -> BatchSpeed:
+    """Time the training steps of two `wb.training_parts` (the baseline's and the same run's at a
+    larger batch) in turns: one warm-up turn each, then `rounds` rounds of `steps` steps of each,
+    alternating which goes first. A step is `wb.run`'s: forward, cross-entropy, backward, the
+    optimizer's step, zero_grad. `max_seconds`: past it no new round starts (at least 3 run), so a
+    larger preset measures fewer rounds instead of taking minutes. A capped smoke run
     (WORKBENCH_MAX_STEPS) times one round of one step: enough to run the code, not to rank."""
-    import torch.nn.functional as F
-
-    from workbench.api import training_parts  # lazy: importing workbench.lessons stays light
-
     if get_preset().capped:
         rounds, steps = 1, 1
     if rounds < 1 or steps < 1:
         raise ValueError(f"rounds={rounds} and steps={steps} must both be >= 1")
-    parts = [training_parts(c) for c in (config, larger)]
-    device = str(next(parts[0].model.parameters()).device.type)
+    parts = [parts, larger]
+    device = next(parts[0].model.parameters()).device.type
 
     def turn(i: int) -> float:
         _, model, optimizer, batches = parts[i]
