@@ -222,19 +222,22 @@ def test_when_the_budget_is_tight_the_curve_keeps_its_pace_and_the_numbers_wait(
     assert dash.live_busy_s <= 0.01 * clock.now + 0.02
 
 
-def test_when_the_curve_alone_fills_the_budget_the_numbers_still_move(timed, clock, monkeypatch):
+@pytest.mark.parametrize("plot_cost, numbers_cost", [(0.02, 0.01), (0.01, 0.03)], ids=["curve dearer", "numbers dearer"])
+def test_when_the_curve_alone_fills_the_budget_the_numbers_still_move(timed, clock, monkeypatch, plot_cost, numbers_cost):
     # A busy core made each curve update cost more than 1% allows at 2 Hz: the curve took
     # every bit of room as it freed, and the step counter stayed at its first reading
-    # ("step 20 / 3000") while the curve grew. Here the curve costs 20 ms, the numbers 10 ms.
+    # ("step 20 / 3000") while the curve grew. With the numbers dearer than the curve, the
+    # curve, checked first, fitted into the freed room before them every time (the same frozen
+    # counter, a make test beside a browser): after two updates without them it waits its turn.
     dash, cost = timed
     draw, draw_numbers = dash.plot.draw, dash._draw_numbers
 
     def slow_draw(curve) -> None:
-        cost.now += 0.02
+        cost.now += plot_cost
         draw(curve)
 
     def slow_numbers() -> None:
-        cost.now += 0.01
+        cost.now += numbers_cost
         draw_numbers()
 
     monkeypatch.setattr(dash.plot, "draw", slow_draw)
@@ -247,8 +250,8 @@ def test_when_the_curve_alone_fills_the_budget_the_numbers_still_move(timed, clo
         shown.append(dash.step_text.value.split(" &middot;")[0])
     assert dash.numbers_updates >= 3, dash.numbers_updates  # one after every two curve updates
     assert len(set(shown)) >= 3, sorted(set(shown))
-    assert 5 <= dash.plot_updates <= 10, dash.plot_updates  # the curve keeps what the budget gives it
-    assert dash.live_busy_s <= 0.01 * clock.now + 0.02
+    assert 3 <= dash.plot_updates <= 10, dash.plot_updates  # the curve keeps what the budget gives it
+    assert dash.live_busy_s <= 0.01 * clock.now + max(plot_cost, numbers_cost)  # within 1%, give or take one update
 
 
 def test_the_curve_is_hidden_until_its_first_point(dash):
@@ -493,31 +496,3 @@ def test_importing_the_dashboard_module_stays_light():
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
-
-def test_when_the_numbers_cost_more_than_the_curve_they_still_get_their_turn(timed, clock, monkeypatch):
-    # The same starvation with the costs the other way round (a make test beside a browser read
-    # "step 20 / 3000" throughout a live run): the curve, checked first, always fitted in the room
-    # as it freed before the dearer numbers did. After two curve updates the curve now waits.
-    dash, cost = timed
-    draw, draw_numbers = dash.plot.draw, dash._draw_numbers
-
-    def slow_draw(curve) -> None:
-        cost.now += 0.01
-        draw(curve)
-
-    def slow_numbers() -> None:
-        cost.now += 0.03
-        draw_numbers()
-
-    monkeypatch.setattr(dash.plot, "draw", slow_draw)
-    monkeypatch.setattr(dash, "_draw_numbers", slow_numbers)
-    dash.start(start(total=200))
-    shown = []
-    for i in range(1, 201):  # 20 s of records
-        clock.now += 0.1
-        dash.log(step(i, total=200))
-        shown.append(dash.step_text.value.split(" &middot;")[0])
-    assert dash.numbers_updates >= 3, dash.numbers_updates
-    assert len(set(shown)) >= 3, sorted(set(shown))
-    assert dash.plot_updates >= 3, dash.plot_updates
-    assert dash.live_busy_s <= 0.01 * clock.now + 0.03
