@@ -397,9 +397,11 @@ class Dashboard:
         view = self.current
         if view is None or not view.curve.steps:
             return
-        self.plot.draw(view.curve)  # only the current run's curve moves
         if self.plot.figure.layout.display == "none" and view.end is None:
+            # Shown before the points are sent: the two are separate messages, and a browser that
+            # rendered between them (a loaded machine) showed a drawn curve still hidden.
             self.plot.figure.layout.display = None
+        self.plot.draw(view.curve)  # only the current run's curve moves
         self.plot_updates += 1
 
     def _show_static(self) -> None:
