@@ -14,8 +14,6 @@ Example:
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +23,7 @@ import torch.nn.functional as F
 from workbench.classroom.ledger import record
 from workbench.core.presets import get_preset
 from workbench.lessons import evidence
-from workbench.lessons.contention import CoreShare, OtherWork, core_share, other_work
+from workbench.lessons.contention import CoreShare, OtherWork, interleaved_speedup, other_work
 from workbench.lessons.exercises import check
 
 __all__ = ["BatchSpeed", "batch_speed", "check_speed", "claim_rows", "direction"]
@@ -84,12 +82,11 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()  # timing steps, not training: a sync per turn is right here
 
 
-def batch_speed(parts: Any, larger: Any, *, rounds: int = 9, steps: int = 5, max_seconds: float = 20.0) -> BatchSpeed:
+def batch_speed(parts: Any, larger: Any, *, rounds: int = 9, steps: int = 5) -> BatchSpeed:
     """Time the training steps of two `wb.training_parts` (the baseline's and the same run's at a
     larger batch) in turns: one warm-up turn each, then `rounds` rounds of `steps` steps of each,
     alternating which goes first. A step is `wb.run`'s: forward, cross-entropy, backward, the
-    optimizer's step, zero_grad. `max_seconds`: past it no new round starts (at least 3 run), so a
-    larger preset measures fewer rounds instead of taking minutes. A capped smoke run
+    optimizer's step, zero_grad (`contention.interleaved_speedup` alternates them). A capped smoke run
     (WORKBENCH_MAX_STEPS) times one round of one step: enough to run the code, not to rank."""
     if get_preset().capped:
         rounds, steps = 1, 1
@@ -98,32 +95,23 @@ def batch_speed(parts: Any, larger: Any, *, rounds: int = 9, steps: int = 5, max
     parts = [parts, larger]
     device = next(parts[0].model.parameters()).device.type
 
-    def turn(i: int) -> float:
+    def turn(i: int) -> None:
         _, model, optimizer, batches = parts[i]
-        _sync(device)
-        start = time.perf_counter()
+        _sync(device)  # the other side's queued work is not this turn's
         for _ in range(steps):
             batch = next(batches)
             F.cross_entropy(model(batch["inputs"]), batch["labels"]).backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         _sync(device)
-        return time.perf_counter() - start
 
     sizes = tuple(p.config.batch_size for p in parts)
-    turn(0), turn(1)  # warm-up: allocator, kernels, the loaders' first shuffle
-    times: tuple[list[float], list[float]] = ([], [])
-    began = time.perf_counter()
-    with other_work() as others, core_share() as share:
-        for r in range(rounds):
-            if r >= 3 and time.perf_counter() - began > max_seconds:
-                break
-            for i in ((0, 1) if r % 2 == 0 else (1, 0)):  # neither always runs on a cache the other warmed
-                times[i].append(turn(i))
-    ratios = [(sizes[1] / t_big) / (sizes[0] / t) for t, t_big in zip(*times)]
-    rates = tuple(statistics.median(size * steps / t for t in ts) for size, ts in zip(sizes, times))
-    return BatchSpeed(batch_sizes=sizes, ratio=statistics.median(ratios), ratios=ratios, samples_per_sec=rates,
-                      steps=steps, device=device, core=share, others=others)
+    with other_work() as others:  # turns alternate, one warm-up each, under one core_share()
+        timed = interleaved_speedup(lambda: turn(0), lambda: turn(1), rounds=rounds)
+    scale = sizes[1] / sizes[0]  # per round: samples/s over samples/s = this x (baseline seconds / larger's)
+    return BatchSpeed(batch_sizes=sizes, ratio=scale * timed.ratio, ratios=[scale * r for r in timed.ratios],
+                      samples_per_sec=(sizes[0] * steps / timed.baseline_s, sizes[1] * steps / timed.seconds),
+                      steps=steps, device=device, core=timed.core, others=others)
 
 
 def check_speed(answer: str | None, speed: BatchSpeed) -> None:
