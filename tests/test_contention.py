@@ -95,3 +95,16 @@ def test_other_work_unknown_counts_as_quiet():
     unknown = OtherWork(cpu_s=None, wall_s=1.0)
     assert unknown.cores is None and unknown.quiet and "unknown" in str(unknown)
     assert not OtherWork(cpu_s=0.5, wall_s=1.0).quiet and OtherWork(cpu_s=0.2, wall_s=1.0).quiet
+
+
+def test_a_spawned_parallel_speedup_child_imports_no_torch():
+    # Under spawn (macOS, Windows) each of parallel_speedup's nine children imports the module its
+    # target lives in: kept free of torch, a child starts in a tenth of a second, not three.
+    import subprocess
+    import sys
+
+    probe = ("import sys, workbench.lessons.contention as c; "
+             "assert c._spin.__module__ == 'workbench.lessons.contention'; print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"

@@ -3,13 +3,16 @@
 A CPU timing is only evidence when the code timed had its core to itself. On a 2-core
 machine a second busy process (a parallel job, another notebook, CI's load test) takes
 turns with it, and a ratio of two timings taken a few seconds apart can then read
-anything: notebook 05's int8 speed-up read 1.1x instead of 3x that way. Two remedies:
+anything: notebook 05's int8 speed-up read 1.1x instead of 3x that way. Two remedies, and a
+measure of free cores:
 
 * `interleaved_speedup` times the two variants alternately, round after round, and takes
   the median of the per-round ratios: slow drift and bursts of other work hit both sides.
 * `core_share` measures the share of a core this process got while a block ran: process
   CPU time over wall time (per torch thread). Below `FREE_SHARE` the core was shared and a
   timing claim is shown, not asserted (`CoreShare.free`).
+* `parallel_speedup` measures how much two busy processes gain side by side: whether free
+  cores are there at all.
 
 Example:
     >>> with core_share() as share:
@@ -20,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import statistics
 import subprocess
@@ -28,6 +32,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import psutil
 
@@ -231,3 +236,47 @@ def busy_core(core: int | None = None) -> Iterator[subprocess.Popen]:
     finally:
         hog.kill()
         hog.wait()
+
+
+def _spin(iterations: int, ready: Any) -> None:
+    # A child started with spawn (macOS, Windows) imports the module its target lives in. This one
+    # imports no torch: 0.1 CPU-seconds, where input_pipelines (its home until stop 56) took 3.3
+    # (2-core AVX2-only EPYC): nine children a call, 25-30 s of notebook 04's cells under spawn.
+    ready.wait()  # every process started: the timing leaves out start-up (seconds of imports under spawn)
+    total = 0
+    for i in range(iterations):  # pure Python: one core, no BLAS threads
+        total += i
+
+
+def parallel_speedup(processes: int = 2, *, iterations: int = 1_000_000, rounds: int = 3) -> float:
+    """How much faster `processes` CPU-bound processes finish side by side than one after
+    another, measured now: about `processes` on idle cores, about 1 when other work holds
+    them. Whether DataLoader workers can help depends on this, not on the core count alone.
+    One after another and side by side take turns, `rounds` times; the median of the rounds'
+    ratios counts (a burst of other work then hits both sides; one round of each read 2.90 for
+    two processes, beyond what two processes can give).
+
+    Example:
+        >>> 0.5 < parallel_speedup(2) < 2.5
+        True
+    """
+    # this process's start method (spawn on macOS and Windows), named so as not to fix the default
+    context = multiprocessing.get_context(multiprocessing.get_start_method(allow_none=True)
+                                          or multiprocessing.get_all_start_methods()[0])
+
+    def timed(count: int) -> float:
+        ready = context.Barrier(count + 1)
+        workers = [context.Process(target=_spin, args=(iterations, ready)) for _ in range(count)]
+        for w in workers:
+            w.start()
+        ready.wait()
+        start = time.perf_counter()
+        for w in workers:
+            w.join()
+        return time.perf_counter() - start
+
+    ratios = []
+    for _ in range(rounds):
+        one = timed(1)
+        ratios.append(processes * one / timed(processes))
+    return statistics.median(ratios)

@@ -22,9 +22,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
-import multiprocessing
 import os
-import statistics
 import time
 import traceback
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -51,7 +49,7 @@ from workbench.core.data.files import (  # noqa: F401
 from workbench.core.engine.train import run
 from workbench.core.views.dashboard import default_sinks
 from workbench.lessons import evidence
-from workbench.lessons.contention import other_work  # noqa: F401
+from workbench.lessons.contention import other_work, parallel_speedup  # noqa: F401
 from workbench.lessons.exercises import check
 from workbench.planner.fit import check_fits
 
@@ -124,47 +122,6 @@ BENCH_SAMPLES = {"cpu-quick": 512, "cpu": 2000, "gpu": 4000}
 def usable_cores() -> int:
     """CPU cores this process may run on (its affinity mask, not the machine's count)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def _spin(iterations: int, ready: Any) -> None:
-    ready.wait()  # every process started: the timing leaves out start-up (seconds of imports under spawn)
-    total = 0
-    for i in range(iterations):  # pure Python: one core, no BLAS threads
-        total += i
-
-
-def parallel_speedup(processes: int = 2, *, iterations: int = 1_000_000, rounds: int = 3) -> float:
-    """How much faster `processes` CPU-bound processes finish side by side than one after
-    another, measured now: about `processes` on idle cores, about 1 when other work holds
-    them. Whether DataLoader workers can help depends on this, not on the core count alone.
-    One after another and side by side take turns, `rounds` times; the median of the rounds'
-    ratios counts (a burst of other work then hits both sides; one round of each read 2.90 for
-    two processes, beyond what two processes can give).
-
-    Example:
-        >>> 0.5 < parallel_speedup(2) < 2.5
-        True
-    """
-    # this process's start method (spawn on macOS and Windows), named so as not to fix the default
-    context = multiprocessing.get_context(multiprocessing.get_start_method(allow_none=True)
-                                          or multiprocessing.get_all_start_methods()[0])
-
-    def timed(count: int) -> float:
-        ready = context.Barrier(count + 1)
-        workers = [context.Process(target=_spin, args=(iterations, ready)) for _ in range(count)]
-        for w in workers:
-            w.start()
-        ready.wait()
-        start = time.perf_counter()
-        for w in workers:
-            w.join()
-        return time.perf_counter() - start
-
-    ratios = []
-    for _ in range(rounds):
-        one = timed(1)
-        ratios.append(processes * one / timed(processes))
-    return statistics.median(ratios)
 
 
 @dataclass(frozen=True)
