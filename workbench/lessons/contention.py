@@ -239,9 +239,9 @@ def busy_core(core: int | None = None) -> Iterator[subprocess.Popen]:
 
 
 def _spin(iterations: int, ready: Any) -> None:
-    # A child started with spawn (macOS, Windows) imports the module its target lives in. This one
-    # imports no torch: 0.1 CPU-seconds, where input_pipelines (its home until stop 56) took 3.3
-    # (2-core AVX2-only EPYC): nine children a call, 25-30 s of notebook 04's cells under spawn.
+    # A child started with spawn (macOS, Windows) imports the module its target lives in: here, so
+    # not input_pipelines. This module imports no torch: 0.1 CPU-seconds a child, against 3.3 for
+    # input_pipelines' training stack (2-core AVX2-only EPYC), nine children a call.
     ready.wait()  # every process started: the timing leaves out start-up (seconds of imports under spawn)
     total = 0
     for i in range(iterations):  # pure Python: one core, no BLAS threads
