@@ -77,12 +77,20 @@ def test_a_bounded_launch_refuses_bounds_that_bound_nothing(kwargs, message):
         bounded_launch(**kwargs)
 
 
-def test_the_notebooks_own_launch_cell_collects_each_childs_return_value():
+def test_the_notebooks_own_launch_cell_collects_each_childs_return_value_and_leaves_the_signals_as_they_were():
+    import signal
+
     from accelerate import notebook_launcher
 
+    handled = [s for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)]
+    before = {s: signal.getsignal(s) for s in handled}
     with bounded_launch(timeout_s=120) as launch:
         notebook_launcher(launch.reporting(_world), num_processes=2, use_port=launch.port)
+        # torch's elastic agent took them over for the launch (what this test checks is undone)
+        assert signal.getsignal(signal.SIGTERM) is not before[signal.SIGTERM]
     assert sorted(launch.collect()) == [(0, 2), (1, 2)]
+    # A kernel asked to stop by SIGTERM exits, rather than raising torch's SignalException
+    assert {s: signal.getsignal(s) for s in handled} == before
 
 
 def test_same_curve_says_within_or_more_than_the_tolerance_and_refuses_other_steps():

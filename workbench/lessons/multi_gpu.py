@@ -34,6 +34,12 @@ from workbench.launching.processes import free_port, leave_together  # not launc
 __all__ = ["LaunchHung", "bounded_launch", "check_worlds", "same_curve", "check_same_curve"]
 
 
+# What torch's elastic agent handles by default (TORCHELASTIC_SIGNALS_TO_HANDLE); SIGHUP and SIGQUIT
+# do not exist on Windows.
+_ELASTIC_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+                         if hasattr(signal, name))
+
+
 class LaunchHung(RuntimeError):
     """A notebook_launcher launch that did not finish within its timeout; its children were stopped."""
 
@@ -90,11 +96,19 @@ class BoundedLaunch:
         # every child picks one itself and warns on stderr ("OMP_NUM_THREADS/MKL_NUM_THREADS unset").
         self._env = patch_environment(omp_num_threads=self._threads)
         self._env.__enter__()
+        # torch's elastic agent (notebook_launcher's launcher) installs its own SIGTERM, SIGINT, SIGHUP
+        # and SIGQUIT handlers in this process and never puts them back: the kernel would then answer
+        # its manager's SIGTERM with a SignalException traceback instead of exiting.
+        self._handlers = ({s: signal.getsignal(s) for s in _ELASTIC_SIGNALS}
+                          if threading.current_thread() is threading.main_thread() else {})
         return self
 
     def __exit__(self, kind: Any, error: Any, traceback: Any) -> None:
         self._timer.cancel()
         self._env.__exit__(None, None, None)
+        for handled, handler in self._handlers.items():
+            if handler is not None:  # None: set outside Python, nothing to put back
+                signal.signal(handled, handler)
         self.hung = self._fired.is_set()
         if self.hung:
             raise LaunchHung(f"notebook_launcher did not finish within {self.timeout_s:g} s: its processes were "
