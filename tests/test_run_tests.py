@@ -73,3 +73,19 @@ def test_the_series_script_says_how_it_is_used_and_refuses_what_it_does_not_know
     assert refused.stderr == ".ci/series: unknown argument --runs (see .ci/series --help)\n"
     missing = subprocess.run(["bash", str(ROOT / ".ci" / "series"), "-c", "no-such-commit"], capture_output=True, text=True)
     assert missing.returncode == 2 and "no commit no-such-commit" in missing.stderr
+
+
+def test_xdist_without_dist_hands_a_notebook_to_one_worker_and_an_explicit_dist_is_kept(pytestconfig):
+    """The checkout's conftest.py: `pytest -n 2 notebooks/...` alone would be `--dist load`, which can
+    send a notebook's later cells to another worker's fresh kernel (a NameError no change caused)."""
+    from types import SimpleNamespace
+
+    path = ROOT / "conftest.py"
+    root = next(p for p in pytestconfig.pluginmanager.get_plugins() if Path(getattr(p, "__file__", "") or "") == path)
+    (impl,) = [i for i in pytestconfig.pluginmanager.hook.pytest_cmdline_main.get_hookimpls() if i.plugin is root]
+    assert impl.tryfirst  # before xdist's own hook turns "no --dist" into "load"
+    for workers, given, expected in [(2, "no", "loadfile"), (2, "load", "load"), (2, "loadgroup", "loadgroup"),
+                                     (None, "no", "no"), (0, "no", "no")]:
+        option = SimpleNamespace(numprocesses=workers, dist=given)
+        root.pytest_cmdline_main(SimpleNamespace(option=option))
+        assert option.dist == expected, (workers, given)
